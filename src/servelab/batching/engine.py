@@ -1,0 +1,163 @@
+"""Triton's dynamic batcher as a discrete-event simulation, compiled with Numba.
+
+The rules follow Triton's ``DynamicBatchScheduler::GetDynamicBatch`` (core,
+``src/dynamic_batch_scheduler.cc``) for requests of one row each:
+
+* one FIFO queue shared by every instance of the model;
+* ``max_queue_size`` (0 = unbounded) rejects a request at enqueue;
+* whenever an instance is idle and the queue is not empty, the batcher looks
+  at the pending batch, the oldest ``min(queued, max_batch_size)`` requests:
+
+  1. if some preferred size fits in it and the oldest request has waited less
+     than ``max_queue_delay``, send exactly the largest such size;
+  2. else, if the delay has expired (or is 0), send the whole pending batch;
+  3. else wait until the oldest request's delay expires (or a request times
+     out, or a request arrives, or an instance frees up).
+
+  With no preferred sizes Triton uses ``[max_batch_size]``, so a pending batch
+  that reaches ``max_batch_size`` goes at once. While every instance is busy
+  the batch keeps absorbing arrivals; an instance that frees up takes the
+  pending batch as the rules stand at that moment.
+* ``default_timeout_microseconds`` (0 = none) removes a request still queued
+  at ``arrival + timeout`` (a request dispatched at that instant is served).
+
+Time is integer nanoseconds, so ties are exact. At one instant the loop
+handles, in order: instances finishing, arrivals, dispatch, timeouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+SERVED, REJECTED, TIMED_OUT = 0, 1, 2
+_NEVER = np.int64(1) << np.int64(62)
+
+
+@njit(cache=True)
+def _pending_batch_size(qlen: int, age_ns: int, preferred: np.ndarray, max_batch_size: int,
+                        delay_ns: int) -> int:
+    """How many of the queued requests to send now (0: keep waiting)."""
+    avail = min(qlen, max_batch_size)
+    exceeded = delay_ns > 0 and age_ns >= delay_ns
+    if not exceeded:
+        for size in range(avail, 0, -1):
+            if preferred[size]:
+                return size
+    if exceeded or delay_ns == 0:
+        return avail
+    return 0
+
+
+@njit(cache=True)
+def run_batcher(  # noqa: PLR0913, PLR0912, PLR0915
+    arrival_ns: np.ndarray,
+    exec_ns: np.ndarray,
+    multiplier: np.ndarray,
+    preferred: np.ndarray,
+    max_batch_size: int,
+    delay_ns: int,
+    num_instances: int,
+    max_queue_size: int,
+    timeout_ns: int,
+) -> tuple[np.ndarray, ...]:
+    """Run the batcher over sorted arrivals.
+
+    ``exec_ns[b]`` is the mean execution time of a batch of b rows; the k-th
+    batch dispatched takes ``exec_ns[b] * multiplier[k]`` (at least 1 ns).
+    ``preferred[b]`` is True for each preferred batch size.
+
+    Returns per request (status, start_ns, end_ns, batch) and per batch
+    (size, start_ns, end_ns, instance). ``end_ns`` is the completion time for
+    a served request, the arrival for a rejected one, the deadline for a
+    timed-out one; ``start_ns`` and ``batch`` are -1 unless served.
+    """
+    n = arrival_ns.size
+    status = np.full(n, -1, np.int8)
+    start = np.full(n, -1, np.int64)
+    end = np.full(n, -1, np.int64)
+    batch_of = np.full(n, -1, np.int64)
+    b_size = np.zeros(n, np.int64)
+    b_start = np.zeros(n, np.int64)
+    b_end = np.zeros(n, np.int64)
+    b_inst = np.zeros(n, np.int64)
+    busy_until = np.zeros(num_instances, np.int64)
+    busy = np.zeros(num_instances, np.bool_)
+    queue = np.empty(n, np.int64)
+    head = 0
+    tail = 0
+    nxt = 0  # next arrival
+    nb = 0  # batches dispatched
+
+    while True:
+        # The next instant anything happens.
+        t = _NEVER
+        if nxt < n:
+            t = arrival_ns[nxt]
+        idle = 0
+        for k in range(num_instances):
+            if busy[k]:
+                t = min(t, busy_until[k])
+            else:
+                idle += 1
+        if tail > head:
+            oldest = arrival_ns[queue[head]]
+            if idle > 0 and delay_ns > 0:
+                t = min(t, oldest + delay_ns)
+            if timeout_ns > 0:
+                t = min(t, oldest + timeout_ns)
+        if t == _NEVER:
+            break
+
+        for k in range(num_instances):
+            if busy[k] and busy_until[k] <= t:
+                busy[k] = False
+
+        while nxt < n and arrival_ns[nxt] <= t:
+            if max_queue_size > 0 and tail - head >= max_queue_size:
+                status[nxt] = REJECTED
+                end[nxt] = arrival_ns[nxt]
+            else:
+                queue[tail] = nxt
+                tail += 1
+            nxt += 1
+
+        while tail > head:
+            inst = -1
+            for k in range(num_instances):
+                if not busy[k]:
+                    inst = k
+                    break
+            if inst < 0:
+                break
+            size = _pending_batch_size(
+                tail - head, t - arrival_ns[queue[head]], preferred, max_batch_size, delay_ns
+            )
+            if size == 0:
+                break
+            dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * multiplier[nb])))
+            done = t + dur
+            for j in range(head, head + size):
+                r = queue[j]
+                status[r] = SERVED
+                start[r] = t
+                end[r] = done
+                batch_of[r] = nb
+            head += size
+            b_size[nb] = size
+            b_start[nb] = t
+            b_end[nb] = done
+            b_inst[nb] = inst
+            busy[inst] = True
+            busy_until[inst] = done
+            nb += 1
+
+        if timeout_ns > 0:
+            while tail > head and arrival_ns[queue[head]] + timeout_ns <= t:
+                r = queue[head]
+                status[r] = TIMED_OUT
+                end[r] = arrival_ns[r] + timeout_ns
+                head += 1
+
+    return (status, start, end, batch_of,
+            b_size[:nb].copy(), b_start[:nb].copy(), b_end[:nb].copy(), b_inst[:nb].copy())

@@ -1,0 +1,48 @@
+"""The one error tree servelab raises for things a user can fix.
+
+Every message names the field, the value received, what was expected and how
+to fix it, in one line, so the CLI can print it without a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+
+class ServelabError(Exception):
+    """Root of every error that is the user's to fix (bad input, bad config, a store)."""
+
+
+class InputError(ServelabError, ValueError):
+    """A value given by the user is wrong: a scenario key, a flag, a file's contents."""
+
+
+class ConfigError(ServelabError):
+    """The setup cannot work as described (e.g. an SLO below the physical minimum)."""
+
+
+class StoreError(ServelabError):
+    """A backing store (file, database, server) failed or could not be reached."""
+
+
+def closest(name: str, valid: Iterable[str]) -> str | None:
+    """The closest valid name to a typo, or None when nothing is close."""
+    matches = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def invalid(field: str, value: Any, expected: str, fix: str) -> InputError:
+    """Build the standard message: field, value, what was expected, the fix."""
+    return InputError(f"{field} = {value!r}: expected {expected}; fix: {fix}")
+
+
+def unknown_key(field: str, key: str, valid: Iterable[str]) -> InputError:
+    """An unknown key, with the closest valid name when there is one."""
+    valid = sorted(valid)
+    guess = closest(key, valid)
+    hint = f"did you mean {guess!r}?" if guess else f"use one of {', '.join(valid)}"
+    return InputError(
+        f"{field}: unknown key {key!r}; expected one of {', '.join(valid)}; fix: {hint}"
+    )

@@ -1,0 +1,270 @@
+"""The Report: every figure servelab computes for a scenario, frozen and JSON-able.
+
+Metrics are computed here from a simulation's flat records, never in a front end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servelab.batching.analytic import ClosedForm
+from servelab.batching.simulate import Simulation
+from servelab.scenario import scenario_to_dict
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, seconds: np.ndarray) -> Stat:
+        if seconds.size == 0:
+            return cls(*([float("nan")] * 5))
+        ms = seconds * 1e3
+        p = np.percentile(ms, PERCENTILES)
+        return cls(float(ms.mean()), *(float(x) for x in p))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCounts:
+    arrivals: int
+    served: int
+    rejected: int
+    timed_out: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingStats:
+    mean_batch_size: float
+    batch_size_histogram: dict[str, int]
+    num_batches: int
+    p50_batch_size: float
+    p99_batch_size: float
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputStats:
+    offered_qps: float
+    served_per_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCost:
+    batch_size: int
+    exec_ms: float
+    rows_per_s: float
+    feed: float
+    mfu: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStats:
+    gpu: str
+    num_gpus: int
+    num_instances: int
+    busy_fraction: float
+    batch_efficiency: float
+    effective_utilization: float
+    mfu: float | None
+    saturated_rows_per_s_per_instance: float
+    batch_costs: tuple[BatchCost, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyStats:
+    mean_queue_ms: float
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    components: dict[str, Stat]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchStep:
+    num_gpus: int
+    p99_ms: float
+    busy_fraction: float
+    dropped: int
+    meets: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStats:
+    num_gpus: int
+    price_per_gpu_hour_usd: float
+    cost_per_million_usd: float
+    p99_slo_ms: float
+    max_busy_fraction: float
+    meets_slo: bool
+    verdict: str
+    closed_form: ClosedForm | None = None
+    search: tuple[SearchStep, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    scenario: dict[str, Any]
+    requests: RequestCounts
+    batching: BatchingStats
+    throughput: ThroughputStats
+    gpu: GpuStats
+    latency: LatencyStats
+    plan: PlanStats
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
+
+
+def cost_per_million(num_gpus: int, price_per_gpu_hour: float, served_per_s: float) -> float:
+    """Dollars per 1M inferences: GPU-hours paid over inferences served in that hour."""
+    if served_per_s <= 0:
+        return float("inf")
+    return num_gpus * price_per_gpu_hour / (served_per_s * 3600.0) * 1e6
+
+
+def meets(p99_ms: float, busy: float, dropped: int, slo_ms: float, max_busy: float) -> bool:
+    """An SLO is met when every request is served, p99 is within it, busy within the ceiling."""
+    return dropped == 0 and p99_ms <= slo_ms and busy <= max_busy
+
+
+def _verdict(ok: bool, p99_ms: float, busy: float, dropped: int, slo: float, ceiling: float) -> str:
+    if ok:
+        return f"meets the SLO: p99 {p99_ms:.2f} ms <= {slo:g} ms"
+    why = []
+    if dropped:
+        why.append(f"{dropped} requests rejected or timed out")
+    if p99_ms > slo:
+        why.append(f"p99 {p99_ms:.2f} ms > SLO {slo:g} ms")
+    if busy > ceiling:
+        why.append(f"busy {busy:.1%} > ceiling {ceiling:.0%}")
+    return "misses the SLO: " + "; ".join(why)
+
+
+def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
+                 search: tuple[SearchStep, ...] = ()) -> Report:
+    """All metrics of one simulation, and the plan figures at its GPU count."""
+    s, r, svc = sim.scenario, sim.records, sim.service
+    counts = r.counts
+    served = r.served
+    mbs = s.batching.max_batch_size
+    gpu = s.hardware.spec()
+
+    end = int(max(r.arrival_ns.max(initial=0), r.end_ns.max(initial=0)))
+    duration_s = end / 1e9 if end > 0 else float("nan")
+    span_s = r.arrival_ns.max(initial=0) / 1e9
+    offered = s.workload.qps if s.workload.trace_csv is None else (
+        r.arrival_ns.size / span_s if span_s > 0 else float("nan"))
+
+    hist = np.bincount(r.batch_size, minlength=1)
+    histogram = {str(b): int(c) for b, c in enumerate(hist) if c}
+    sizes = r.batch_size.astype(np.float64)
+    batching = BatchingStats(
+        mean_batch_size=float(sizes.mean()) if sizes.size else float("nan"),
+        batch_size_histogram=histogram,
+        num_batches=int(sizes.size),
+        p50_batch_size=float(np.percentile(sizes, 50)) if sizes.size else float("nan"),
+        p99_batch_size=float(np.percentile(sizes, 99)) if sizes.size else float("nan"),
+    )
+
+    busy_s = float((r.batch_end_ns - r.batch_start_ns).sum()) / 1e9
+    rows = float(sizes.sum())
+    sat = svc.saturated_rows_per_s(mbs)
+    c = r.num_instances
+    busy = busy_s / (c * duration_s)
+    mfu = (rows * svc.flops_per_row / (duration_s * s.hardware.num_gpus * svc.peak_flops)
+           if svc.flops_per_row and svc.peak_flops else None)
+    shown = sorted({1, mbs, *(2**k for k in range(1, 17) if 2**k < mbs)})
+    exec_s = svc.exec_s(np.array(shown))
+    feeds = svc.feed(np.array(shown), mbs)
+    mfus = svc.mfu(np.array(shown))
+    gpu_stats = GpuStats(
+        gpu=gpu.key,
+        num_gpus=s.hardware.num_gpus,
+        num_instances=c,
+        busy_fraction=busy,
+        batch_efficiency=rows / (sat * busy_s) if busy_s > 0 else float("nan"),
+        effective_utilization=rows / (sat * c * duration_s),
+        mfu=mfu,
+        saturated_rows_per_s_per_instance=sat,
+        batch_costs=tuple(
+            BatchCost(b, float(t * 1e3), float(b / t), float(f),
+                      None if mfus is None else float(mfus[i]))
+            for i, (b, t, f) in enumerate(zip(shown, exec_s, feeds, strict=True))
+        ),
+    )
+
+    queue_s = (r.start_ns[served] - r.arrival_ns[served]) / 1e9
+    gpu_s = (r.end_ns[served] - r.start_ns[served]) / 1e9
+    fetch_s, net_s = sim.fetch_s[served], sim.network_s[served]
+    e2e_s = fetch_s + queue_s + gpu_s + net_s
+    e2e = Stat.of(e2e_s)
+    latency = LatencyStats(
+        mean_queue_ms=float(queue_s.mean() * 1e3) if queue_s.size else float("nan"),
+        mean_ms=e2e.mean_ms, p50_ms=e2e.p50_ms, p90_ms=e2e.p90_ms, p95_ms=e2e.p95_ms,
+        p99_ms=e2e.p99_ms,
+        components={
+            "feature_fetch": Stat.of(fetch_s),
+            "queue": Stat.of(queue_s),
+            "gpu": Stat.of(gpu_s),
+            "network": Stat.of(net_s),
+            "end_to_end": e2e,
+        },
+    )
+
+    served_per_s = offered * counts["served"] / counts["arrivals"] if counts["arrivals"] else 0.0
+    dropped = counts["rejected"] + counts["timed_out"]
+    slo, ceiling = s.latency.p99_slo_ms, s.plan.max_busy_fraction
+    ok = meets(e2e.p99_ms, busy, dropped, slo, ceiling)
+    plan = PlanStats(
+        num_gpus=s.hardware.num_gpus,
+        price_per_gpu_hour_usd=gpu.price_per_gpu_hour_usd,
+        cost_per_million_usd=cost_per_million(s.hardware.num_gpus, gpu.price_per_gpu_hour_usd,
+                                              served_per_s),
+        p99_slo_ms=slo,
+        max_busy_fraction=ceiling,
+        meets_slo=ok,
+        verdict=_verdict(ok, e2e.p99_ms, busy, dropped, slo, ceiling),
+        closed_form=closed_form,
+        search=search,
+    )
+    notes = []
+    if svc.kind.value == "profile" and mbs > max(svc.curve_b):
+        notes.append(f"profile measured up to batch {max(svc.curve_b):g}; larger batches "
+                     "are extrapolated from the last two points")
+    if busy > 0.98 or (counts["arrivals"] and r.end_ns.max() > 1.5e9 * span_s):
+        notes.append("the instances cannot keep up: the queue grows for the whole run, "
+                     "so latency depends on the run's length")
+    return Report(
+        scenario=scenario_to_dict(s),
+        requests=RequestCounts(**counts),
+        batching=batching,
+        throughput=ThroughputStats(offered_qps=offered, served_per_s=served_per_s,
+                                   duration_s=duration_s),
+        gpu=gpu_stats,
+        latency=latency,
+        plan=plan,
+        notes=tuple(notes),
+    )
