@@ -1,0 +1,22 @@
+"""servelab: plan, simulate and measure ML and LLM inference serving."""
+
+from servelab.api import load, run_plan, run_simulate, run_sweep
+from servelab.errors import ConfigError, InputError, ServelabError, StoreError
+from servelab.scenario import Scenario, load_scenario, scenario_from_dict, scenario_to_toml
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "InputError",
+    "Scenario",
+    "ServelabError",
+    "StoreError",
+    "load",
+    "load_scenario",
+    "run_plan",
+    "run_simulate",
+    "run_sweep",
+    "scenario_from_dict",
+    "scenario_to_toml",
+]

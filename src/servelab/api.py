@@ -1,0 +1,121 @@
+"""The Python API: the same functions the CLI and the lab call.
+
+    >>> import servelab
+    >>> s = servelab.load("seed", {"workload.qps": 4000})
+    >>> report = servelab.run_plan(s)
+    >>> report.plan.num_gpus, report.latency.p99_ms
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from servelab.batching.analytic import estimate
+from servelab.batching.service import build_service_model
+from servelab.batching.simulate import simulate
+from servelab.errors import InputError, invalid
+from servelab.planner import plan
+from servelab.report import Report, build_report
+from servelab.scenario import Scenario, load_scenario
+
+# Sweepable parameters: CLI name -> scenario key, and whether the value is whole.
+SWEEP_PARAMS: dict[str, tuple[str, bool]] = {
+    "qps": ("workload.qps", False),
+    "max_queue_delay_us": ("batching.max_queue_delay_microseconds", True),
+    "max_batch_size": ("batching.max_batch_size", True),
+    "instances_per_gpu": ("batching.instances_per_gpu", True),
+    "num_gpus": ("hardware.num_gpus", True),
+    "max_queue_size": ("batching.max_queue_size", True),
+    "timeout_us": ("batching.default_timeout_microseconds", True),
+    "p99_slo_ms": ("latency.p99_slo_ms", False),
+    "feature_fetch_ms": ("latency.feature_fetch_ms", False),
+    "network_ms": ("latency.network_ms", False),
+}
+
+# CLI flag for each overridable key, so an error can name what the user typed.
+FLAGS = {
+    "workload.qps": "--qps",
+    "batching.max_queue_delay_microseconds": "--max-queue-delay-us",
+    "batching.max_batch_size": "--max-batch-size",
+    "batching.preferred_batch_size": "--preferred-batch-size",
+    "batching.max_queue_size": "--max-queue-size",
+    "batching.default_timeout_microseconds": "--timeout-us",
+    "batching.instances_per_gpu": "--instances-per-gpu",
+    "hardware.gpu": "--gpu",
+    "hardware.num_gpus": "--num-gpus",
+    "hardware.price_per_gpu_hour": "--price",
+    "workload.num_requests": "--num-requests",
+    "workload.seed": "--seed",
+    "latency.p99_slo_ms": "--slo-ms",
+}
+
+
+def load(source: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A scenario file (or 'seed') with flat ``section.key`` overrides applied."""
+    s = load_scenario(source)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if not given:
+        return s
+    try:
+        return s.with_overrides(given)
+    except InputError as exc:
+        msg = str(exc)
+        for key, flag in FLAGS.items():
+            section, _, name = key.partition(".")
+            field = f"[{section}] {name}"
+            if key in given and msg.startswith(field):
+                raise InputError(f"{flag} ({field}){msg[len(field):]}") from None
+        raise
+
+
+def run_simulate(s: Scenario) -> Report:
+    """Simulate the scenario as given; the closed-form estimate at its GPU count alongside."""
+    service = build_service_model(s.model, s.hardware.spec(), s.batching.max_batch_size,
+                                  s.base_dir)
+    return build_report(simulate(s), closed_form=estimate(s, service, s.hardware.num_gpus))
+
+
+def run_plan(s: Scenario) -> Report:
+    """The fewest GPUs meeting the scenario's p99 SLO, and the report there."""
+    return plan(s)
+
+
+def run_sweep(s: Scenario, param: str, values: Sequence[float], *, plan: bool = False,
+              on_step: Callable[[], object] | None = None) -> list[dict[str, Any]]:
+    """One row of key figures per value of `param` (simulated, or planned with plan=True)."""
+    if param not in SWEEP_PARAMS:
+        from servelab.errors import closest
+
+        guess = closest(param, SWEEP_PARAMS)
+        raise invalid("sweep parameter", param, f"one of {', '.join(SWEEP_PARAMS)}",
+                      f"did you mean {guess!r}?" if guess else "pick one of those")
+    key, whole = SWEEP_PARAMS[param]
+    rows = []
+    for v in values:
+        if whole and float(v) != int(v):
+            raise invalid(param, v, "whole numbers", f"give whole values for {param}")
+        value: float | int = int(v) if whole else float(v)
+        try:
+            point = s.with_overrides({key: value})
+        except InputError as exc:
+            raise InputError(f"sweep {param} = {value!r}: {exc}") from None
+        r = run_plan(point) if plan else run_simulate(point)
+        rows.append({
+            param: value,
+            "num_gpus": r.plan.num_gpus,
+            "mean_batch_size": r.batching.mean_batch_size,
+            "busy_fraction": r.gpu.busy_fraction,
+            "batch_efficiency": r.gpu.batch_efficiency,
+            "mean_queue_ms": r.latency.mean_queue_ms,
+            "p50_ms": r.latency.p50_ms,
+            "p99_ms": r.latency.p99_ms,
+            "served_per_s": r.throughput.served_per_s,
+            "rejected": r.requests.rejected,
+            "timed_out": r.requests.timed_out,
+            "cost_per_million_usd": r.plan.cost_per_million_usd,
+            "meets_slo": r.plan.meets_slo,
+        })
+        if on_step is not None:
+            on_step()
+    return rows

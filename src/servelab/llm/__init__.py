@@ -1,0 +1,1 @@
+"""LLM serving: KV-cache sizing and pool capacity."""

@@ -1,0 +1,101 @@
+"""Rich tables for a Report. Formatting only: every number comes from the Report."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from servelab.report import Report
+from servelab.seed import SeedRow
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def report_tables(r: Report, *, title: str) -> Group:
+    s = r.scenario
+    b = s["batching"]
+    head = Table(title=title, show_header=False, title_justify="left", box=None)
+    head.add_column(style="bold")
+    head.add_column()
+    pref = b.get("preferred_batch_size") or []
+    head.add_row("scenario", f"{s['name']}: {s['workload']['qps']:g} QPS "
+                 f"({s['workload']['arrival']}), max_batch_size {b['max_batch_size']}, "
+                 f"max_queue_delay {b['max_queue_delay_microseconds']} us"
+                 + (f", preferred {pref}" if pref else ""))
+    head.add_row("hardware", f"{r.gpu.num_gpus} x {r.gpu.gpu}, {r.gpu.num_instances} instance(s)"
+                 f", ${r.plan.price_per_gpu_hour_usd:.2f}/GPU-hour")
+    head.add_row("requests", f"{r.requests.arrivals:,} arrived: {r.requests.served:,} served, "
+                 f"{r.requests.rejected:,} rejected, {r.requests.timed_out:,} timed out")
+    head.add_row("batches", f"mean {r.batching.mean_batch_size:.2f} rows, p50 "
+                 f"{r.batching.p50_batch_size:g}, p99 {r.batching.p99_batch_size:g}, "
+                 f"{r.batching.num_batches:,} batches")
+    head.add_row("GPU", f"busy {_pct(r.gpu.busy_fraction)}, fed {_pct(r.gpu.batch_efficiency)} "
+                 f"while busy, effective {_pct(r.gpu.effective_utilization)}, MFU {_pct(r.gpu.mfu)}")
+    head.add_row("throughput", f"{r.throughput.served_per_s:,.1f} inferences/s served "
+                 f"(saturated: {r.gpu.saturated_rows_per_s_per_instance:,.0f} rows/s per instance)")
+
+    lat = Table(title="latency budget (ms)", title_justify="left")
+    lat.add_column("component")
+    for col in ("mean", "p50", "p90", "p99"):
+        lat.add_column(col, justify="right")
+    for name, st in r.latency.components.items():
+        style = "bold" if name == "end_to_end" else None
+        lat.add_row(name.replace("_", " "), _ms(st.mean_ms), _ms(st.p50_ms), _ms(st.p90_ms),
+                    _ms(st.p99_ms), style=style)
+
+    plan = Table(title="plan", title_justify="left", show_header=False, box=None)
+    plan.add_column(style="bold")
+    plan.add_column()
+    plan.add_row("GPUs", str(r.plan.num_gpus))
+    plan.add_row("$ per 1M inferences", f"${r.plan.cost_per_million_usd:.4f}")
+    plan.add_row("verdict", r.plan.verdict)
+    parts: list[Table] = [head, lat, plan]
+    cf = r.plan.closed_form
+    if cf is not None:
+        cmp = Table(title="closed-form first estimate vs simulated", title_justify="left")
+        for col in ("", "closed form (estimate)", "simulated"):
+            cmp.add_column(col, justify="right")
+        cmp.add_row("GPUs for the SLO", str(cf.num_gpus), str(r.plan.num_gpus))
+        cmp.add_row("mean batch", f"{cf.mean_batch_size:.2f}", f"{r.batching.mean_batch_size:.2f}")
+        cmp.add_row("busy", _pct(cf.busy_fraction), _pct(r.gpu.busy_fraction))
+        cmp.add_row("mean queue ms", _ms(cf.mean_queue_ms), _ms(r.latency.mean_queue_ms))
+        cmp.add_row("p99 ms", _ms(cf.p99_ms), _ms(r.latency.p99_ms))
+        parts.append(cmp)
+    if r.plan.search:
+        srch = Table(title="GPU counts simulated", title_justify="left")
+        for col in ("GPUs", "p99 ms", "busy", "dropped", "meets"):
+            srch.add_column(col, justify="right")
+        for st in r.plan.search:
+            srch.add_row(str(st.num_gpus), _ms(st.p99_ms), _pct(st.busy_fraction),
+                         str(st.dropped), "yes" if st.meets else "no")
+        parts.append(srch)
+    if r.notes:
+        notes = Table(show_header=False, box=None)
+        notes.add_column()
+        for n in r.notes:
+            notes.add_row(f"note: {n}")
+        parts.append(notes)
+    return Group(*parts)
+
+
+def seed_table(rows: list[SeedRow]) -> Table:
+    t = Table(title="the seed dashboard, stated vs servelab", title_justify="left")
+    t.add_column("figure")
+    t.add_column("stated")
+    t.add_column("servelab")
+    t.add_column("", justify="center")
+    t.add_column("why")
+    for r in rows:
+        t.add_row(r.figure, r.stated, r.servelab, "ok" if r.agrees else "differs", r.reason)
+    return t
+
+
+def print_to(console: Console, *renderables: object) -> None:
+    for x in renderables:
+        console.print(x)
