@@ -1,0 +1,116 @@
+"""Property tests: the batcher's rules hold for any arrivals and any policy, and the
+engine agrees request by request with an independent SimPy model of the same rules."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT
+from servelab.batching.simulate import simulate_policy
+from servelab.scenario import BatchingPolicy
+from tests.reference.simpy_batcher import simulate_simpy
+
+US = 1000  # ns
+
+
+@st.composite
+def cases(draw):
+    mbs = draw(st.integers(1, 8))
+    prefs = draw(st.lists(st.integers(1, mbs), max_size=3, unique=True))
+    policy = BatchingPolicy(
+        max_batch_size=mbs,
+        preferred_batch_size=tuple(sorted(prefs)),
+        max_queue_delay_microseconds=draw(st.sampled_from([0, 100, 250, 1000, 3000])),
+        max_queue_size=draw(st.sampled_from([0, 0, 2, 5, 20])),
+        default_timeout_microseconds=draw(st.sampled_from([0, 0, 500, 2000, 5000])),
+    )
+    instances = draw(st.integers(1, 3))
+    n = draw(st.integers(1, 120))
+    # Arrivals on a coarse 50 us grid, so that ties with timers and completions happen.
+    gaps = draw(st.lists(st.integers(0, 20), min_size=n, max_size=n))
+    arrivals = np.cumsum(np.asarray(gaps, dtype=np.int64) * 50 * US)
+    base = draw(st.integers(1, 20)) * 50 * US
+    per_row = draw(st.integers(0, 10)) * 50 * US
+    table = np.array([0.0] + [base + per_row * b for b in range(1, mbs + 1)])
+    exponential = draw(st.booleans())
+    seed = draw(st.integers(0, 2**32 - 1))
+    mult = (np.random.default_rng(seed).exponential(1.0, n) if exponential else np.ones(n))
+    return policy, instances, arrivals, table, mult
+
+
+def busy_intervals(r, inst):
+    on = r.batch_instance == inst
+    return sorted(zip(r.batch_start_ns[on].tolist(), r.batch_end_ns[on].tolist(), strict=True))
+
+
+def covered(intervals, lo, hi):
+    """Is [lo, hi) inside the union of the (sorted, disjoint) intervals?"""
+    t = lo
+    for s, e in intervals:
+        if s > t:
+            return False
+        t = max(t, e)
+        if t >= hi:
+            return True
+    return t >= hi
+
+
+SETTINGS = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(cases())
+def test_rules_hold(case):
+    policy, c, arrivals, table, mult = case
+    r = simulate_policy(arrivals, table, mult, policy, c)
+    served = r.status == SERVED
+    counts = r.counts
+    # Conservation: every arrival is served, rejected or timed out, exactly once.
+    assert set(np.unique(r.status)) <= {SERVED, REJECTED, TIMED_OUT}
+    assert counts["served"] + counts["rejected"] + counts["timed_out"] == len(arrivals)
+    assert int(r.batch_size.sum()) == counts["served"]
+    # No batch over max_batch_size, none empty.
+    assert ((r.batch_size >= 1) & (r.batch_size <= policy.max_batch_size)).all()
+    # FIFO: served requests start in arrival order, never before they arrive.
+    assert (r.start_ns[served] >= r.arrival_ns[served]).all()
+    assert (np.diff(r.start_ns[served]) >= 0).all()
+    # An instance runs one batch at a time.
+    for k in range(c):
+        iv = busy_intervals(r, k)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(iv, iv[1:], strict=False))
+    # No request waits past its delay while an instance is idle.
+    delay = policy.max_queue_delay_microseconds * US
+    per_inst = [busy_intervals(r, k) for k in range(c)]
+    left = np.where(served, r.start_ns, r.end_ns)  # when it left the queue
+    for i in np.flatnonzero(r.status != REJECTED):
+        due = r.arrival_ns[i] + delay
+        if left[i] > due:
+            assert all(covered(iv, due, left[i]) for iv in per_inst), i
+    # A batch sent before its oldest request's delay expired has a preferred size.
+    if delay > 0:
+        oldest = np.array([r.arrival_ns[np.flatnonzero(r.batch == b)[0]]
+                           for b in range(r.batch_size.size)], dtype=np.int64)
+        early = r.batch_start_ns - oldest < delay
+        assert set(r.batch_size[early].tolist()) <= set(policy.effective_preferred)
+    # Timeouts: nobody served after waiting past the timeout; the timed out waited exactly it.
+    if policy.default_timeout_microseconds:
+        to = policy.default_timeout_microseconds * US
+        assert (r.start_ns[served] - r.arrival_ns[served] <= to).all()
+        t_out = r.status == TIMED_OUT
+        assert (r.end_ns[t_out] - r.arrival_ns[t_out] == to).all()
+
+
+@SETTINGS
+@given(cases())
+def test_engine_agrees_with_independent_simpy_model(case):
+    policy, c, arrivals, table, mult = case
+    r = simulate_policy(arrivals, table, mult, policy, c)
+    ref = simulate_simpy(arrivals, table, mult, set(policy.preferred_batch_size),
+                         policy.max_batch_size, policy.max_queue_delay_microseconds * US, c,
+                         policy.max_queue_size, policy.default_timeout_microseconds * US)
+    np.testing.assert_array_equal(r.status, ref["status"])
+    np.testing.assert_array_equal(r.start_ns, ref["start_ns"])
+    np.testing.assert_array_equal(r.end_ns, ref["end_ns"])

@@ -1,0 +1,111 @@
+"""The simulator held to queueing theory, within confidence intervals from independent
+replications (seeds 1..R), not pinned seeded values.
+
+The formulas are written out here, by hand, not taken from servelab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from servelab.batching.engine import SERVED
+from servelab.batching.simulate import simulate
+from servelab.scenario import scenario_from_dict
+
+REPLICATIONS = 20
+N = 200_000
+WARMUP = 10_000  # requests dropped from the start of each replication (empty-system bias)
+
+
+def scenario(qps: float, model: dict, instances: int = 1, **batching: object):
+    return scenario_from_dict({
+        "workload": {"qps": qps, "num_requests": N},
+        "batching": {"max_batch_size": 1, "instances_per_gpu": instances, **batching},
+        "model": model,
+    })
+
+
+def replicate(s, statistic) -> tuple[float, float]:
+    """Mean over replications and the 99% confidence half-width."""
+    from dataclasses import replace
+
+    vals = [statistic(simulate(replace(s, workload=replace(s.workload, seed=k))))
+            for k in range(1, REPLICATIONS + 1)]
+    half = stats.t.ppf(0.995, REPLICATIONS - 1) * np.std(vals, ddof=1) / math.sqrt(REPLICATIONS)
+    return float(np.mean(vals)), float(half)
+
+
+def mean_wait_s(sim) -> float:
+    r = sim.records
+    keep = slice(WARMUP, None)
+    assert (r.status == SERVED).all()
+    return float(((r.start_ns - r.arrival_ns)[keep]).mean() / 1e9)
+
+
+def check(theory: float, mean: float, half: float) -> None:
+    # The interval must be narrow enough to catch a 3% error, and must hold the theory.
+    assert half < 0.03 * theory, f"CI too wide to test anything: +/-{half:.3g}"
+    assert abs(mean - theory) <= half, f"theory {theory:.6g}, simulated {mean:.6g} +/- {half:.3g}"
+
+
+def test_md1_mean_wait_pollaczek_khinchine():
+    lam, service_s = 700.0, 1e-3
+    rho = lam * service_s
+    theory = rho * service_s / (2 * (1 - rho))  # P-K with zero service variance
+    s = scenario(lam, {"kind": "constant", "latency_ms": 1.0})
+    check(theory, *replicate(s, mean_wait_s))
+
+
+def test_mm1_mean_wait():
+    lam, mu = 700.0, 1000.0
+    theory = (lam / mu) / (mu - lam)  # P-K with exponential service: rho / (mu - lambda)
+    s = scenario(lam, {"kind": "constant", "latency_ms": 1.0, "variability": "exponential"})
+    check(theory, *replicate(s, mean_wait_s))
+
+
+def erlang_c(c: int, a: float) -> float:
+    top = a**c / math.factorial(c) * c / (c - a)
+    return top / (sum(a**k / math.factorial(k) for k in range(c)) + top)
+
+
+@pytest.mark.parametrize(("c", "lam"), [(4, 3000.0), (3, 2400.0)])
+def test_mmc_mean_wait_erlang_c(c, lam):
+    mu = 1000.0
+    theory = erlang_c(c, lam / mu) / (c * mu - lam)
+    s = scenario(lam, {"kind": "constant", "latency_ms": 1.0, "variability": "exponential"},
+                 instances=c)
+    check(theory, *replicate(s, mean_wait_s))
+
+
+def test_poisson_window_batch_is_one_plus_poisson():
+    # An idle GPU and a near-instant model: a batch is its opener plus the Poisson(lambda W)
+    # arrivals within the window, so the mean batch is 1 + lambda W (not lambda W).
+    lam, w_us = 2000.0, 2000
+    s = scenario(lam, {"kind": "constant", "latency_ms": 0.001}, max_batch_size=64,
+                 max_queue_delay_microseconds=w_us)
+    mean, half = replicate(s, lambda sim: float(sim.records.batch_size.mean()))
+    check(1 + lam * w_us / 1e6, mean, half)
+    var, vhalf = replicate(s, lambda sim: float(sim.records.batch_size.var()))
+    check(lam * w_us / 1e6, var, vhalf)
+
+
+def test_littles_law_with_batching():
+    # L = lambda W, with L measured independently: the queue length sampled on a time grid.
+    s = scenario(4000.0, {"kind": "affine", "base_ms": 0.8, "per_row_ms": 0.05},
+                 max_batch_size=8, max_queue_delay_microseconds=500)
+    r = simulate(s).records
+    assert (r.status == SERVED).all()
+    arr, start, end = r.arrival_ns, np.sort(r.start_ns), np.sort(r.end_ns)
+    grid = np.linspace(arr[WARMUP], arr[-WARMUP], 200_000)
+    in_queue = np.searchsorted(arr, grid, "right") - np.searchsorted(start, grid, "right")
+    in_system = np.searchsorted(arr, grid, "right") - np.searchsorted(end, grid, "right")
+    window = (r.arrival_ns >= grid[0]) & (r.arrival_ns <= grid[-1])
+    lam_hat = window.sum() / ((grid[-1] - grid[0]) / 1e9)
+    wq = ((r.start_ns - r.arrival_ns)[window]).mean() / 1e9
+    w = ((r.end_ns - r.arrival_ns)[window]).mean() / 1e9
+    assert in_queue.mean() == pytest.approx(lam_hat * wq, rel=0.02)
+    assert in_system.mean() == pytest.approx(lam_hat * w, rel=0.02)
