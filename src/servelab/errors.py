@@ -27,9 +27,9 @@ class StoreError(ServelabError):
     """A backing store (file, database, server) failed or could not be reached."""
 
 
-def closest(name: str, valid: Iterable[str]) -> str | None:
+def closest(name: str, valid: Iterable[str], cutoff: float = 0.6) -> str | None:
     """The closest valid name to a typo, or None when nothing is close."""
-    matches = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    matches = difflib.get_close_matches(name, list(valid), n=1, cutoff=cutoff)
     return matches[0] if matches else None
 
 

@@ -60,8 +60,8 @@ def generate_arrivals(w: Workload, rng: np.random.Generator, base_dir: str = "."
         return t[:n] if n < t.size else t
     if w.arrival is Arrival.POISSON:
         gaps = rng.exponential(mean_gap_s, n)
-    elif w.arrival is Arrival.CONSTANT:
-        gaps = np.full(n, mean_gap_s)
+    elif w.arrival is Arrival.CONSTANT:  # no running sum, so no rounding drift
+        return np.rint(np.arange(1, n + 1) * (mean_gap_s * NS_PER_S)).astype(np.int64)
     else:  # gamma with a coefficient of variation: shape 1/cv^2, same mean
         shape = 1.0 / (w.cv * w.cv)
         gaps = rng.gamma(shape, mean_gap_s / shape, n)

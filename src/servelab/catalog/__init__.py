@@ -8,7 +8,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from servelab.errors import invalid
+from servelab.errors import closest, invalid
 
 # Short names people type, mapped to the catalog key they mean.
 ALIASES = {"H100": "H100-SXM", "A100": "A100-80GB", "H100SXM": "H100-SXM"}
@@ -84,16 +84,10 @@ def resolve_gpu_name(name: str, field: str = "[hardware] gpu") -> str:
         return keys[up]
     if up in ALIASES:
         return ALIASES[up]
-    from servelab.errors import closest
-
-    guess = closest(up, list(keys) + list(ALIASES))
-    hint = f"did you mean {keys.get(guess, ALIASES.get(guess or '', guess))!r}?" if guess else ""
-    raise invalid(
-        field,
-        name,
-        f"one of {', '.join(gpu_names())}",
-        f"{hint} or override every figure under [hardware]".strip(),
-    )
+    names = {k.upper(): k for k in gpu_names()} | {a: a for a in ALIASES}
+    guess = closest(up, names, cutoff=0.5)
+    fix = f"did you mean {names[guess]!r}?" if guess else "use one of the catalog names"
+    raise invalid(field, name, f"one of {', '.join(gpu_names())}", fix)
 
 
 def get_gpu(name: str, overrides: dict[str, float] | None = None) -> GpuSpec:

@@ -1,0 +1,106 @@
+"""servelab's batcher against an equivalent SimPy model, side by side in one run.
+
+Both get the same arrivals and the same service-time draws; the run checks that
+they give the same per-request latencies, then prints simulated requests per
+second for each and the ratio. Single-threaded (Numba's JIT is, and SimPy is).
+
+    python bench/bench_simulator.py [--requests 200000] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from servelab.batching.service import build_service_model, exec_table_ns  # noqa: E402
+from servelab.batching.simulate import simulate_policy  # noqa: E402
+from servelab.scenario import load_scenario  # noqa: E402
+from tests.reference.simpy_batcher import simulate_simpy  # noqa: E402
+
+CASES = {
+    # name: (scenario overrides, description)
+    "seed": ({}, "the seed: 2,000 QPS, 2 ms window, batch ~5, 2 GPUs"),
+    "no-batching": ({"batching.max_batch_size": 1, "workload.qps": 1500.0,
+                     "hardware.num_gpus": 1},
+                    "max_batch_size 1, no window: one event per request (worst case)"),
+    "busy": ({"workload.qps": 12_000.0, "hardware.num_gpus": 1,
+              "batching.preferred_batch_size": [8, 16], "batching.max_queue_size": 64,
+              "batching.default_timeout_microseconds": 5000},
+             "12,000 QPS on 1 GPU, preferred sizes, bounded queue, timeouts"),
+}
+
+
+def inputs(overrides: dict, n: int):  # type: ignore[no-untyped-def]
+    s = load_scenario("seed").with_overrides({**overrides, "workload.num_requests": n})
+    svc = build_service_model(s.model, s.hardware.spec(), s.batching.max_batch_size)
+    rng = np.random.default_rng(7)
+    arrivals = np.rint(np.cumsum(rng.exponential(1 / s.workload.qps, n)) * 1e9).astype(np.int64)
+    mult = rng.gamma(25.0, 1 / 25.0, n)  # 20% spread per batch
+    table = exec_table_ns(svc, s.batching.max_batch_size)
+    return s, arrivals, table, mult
+
+
+def best_of(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    n = args.requests
+    print(f"{'case':<12} {'servelab req/s':>16} {'SimPy req/s':>13} {'ratio':>8}  same latencies")
+    ok_all = True
+    for name, (over, desc) in CASES.items():
+        s, arr, table, mult = inputs(over, n)
+        pol = s.batching
+        c = s.hardware.num_gpus * pol.instances_per_gpu
+        simulate_policy(arr[:100], table, mult[:100], pol, c)  # JIT warm-up (cached on disk)
+
+        def ours(arr=arr, table=table, mult=mult, pol=pol, c=c):  # type: ignore[no-untyped-def]
+            return simulate_policy(arr, table, mult, pol, c)
+
+        def theirs(arr=arr, table=table, mult=mult, pol=pol, c=c):  # type: ignore[no-untyped-def]
+            return simulate_simpy(arr, table, mult, set(pol.preferred_batch_size),
+                                  pol.max_batch_size, pol.max_queue_delay_microseconds * 1000, c,
+                                  pol.max_queue_size, pol.default_timeout_microseconds * 1000)
+
+        t_ours, _ = best_of(ours, args.repeat)
+        t0 = time.perf_counter()
+        ref = theirs()
+        t_simpy = time.perf_counter() - t0
+        r = ours()
+        same = (np.array_equal(r.status, ref["status"])
+                and np.array_equal(r.end_ns - r.arrival_ns, ref["end_ns"] - r.arrival_ns)
+                and np.array_equal(r.start_ns, ref["start_ns"]))
+        ok_all &= same
+        print(f"{name:<12} {n / t_ours:>16,.0f} {n / t_simpy:>13,.0f} {t_simpy / t_ours:>7.0f}x"
+              f"  {'yes' if same else 'NO'}   ({desc})")
+    print(f"\n{n:,} requests per case; servelab best of {args.repeat}, SimPy one run; "
+          "one core each.")
+    # The whole path a user runs: draw arrivals and service times, simulate, build the Report.
+    from servelab.api import run_simulate
+
+    full = load_scenario("seed").with_overrides({"workload.num_requests": 1_000_000})
+    t_full, _ = best_of(lambda: run_simulate(full), 3)
+    print(f"full report path (servelab simulate, 1,000,000 requests, seed): {t_full:.3f} s, "
+          f"{1_000_000 / t_full:,.0f} req/s")
+    if not ok_all:
+        sys.exit("latencies differ between servelab and SimPy")
+
+
+if __name__ == "__main__":
+    main()

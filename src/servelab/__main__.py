@@ -1,0 +1,3 @@
+from servelab.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""Arrival processes: rate, variability, traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servelab.batching.arrivals import generate_arrivals
+from servelab.errors import InputError
+from servelab.scenario import scenario_from_dict
+
+
+def arrivals(tmp_path=".", **w):
+    s = scenario_from_dict({"workload": {"num_requests": 200_000, **w}})
+    return generate_arrivals(s.workload, np.random.default_rng(1), str(tmp_path))
+
+
+def cv(a):
+    g = np.diff(a.astype(np.float64))
+    return g.std() / g.mean()
+
+
+def test_poisson_rate_and_cv():
+    a = arrivals(qps=2000.0)
+    assert (np.diff(a) >= 0).all()
+    assert a.size / (a[-1] / 1e9) == pytest.approx(2000, rel=0.01)
+    assert cv(a) == pytest.approx(1.0, abs=0.01)
+
+
+def test_constant_is_evenly_spaced():
+    a = arrivals(qps=1000.0, arrival="constant")
+    assert set(np.diff(a).tolist()) == {1_000_000}
+
+
+def test_gamma_has_the_asked_cv():
+    a = arrivals(qps=1000.0, arrival="gamma", cv=3.0)
+    assert a.size / (a[-1] / 1e9) == pytest.approx(1000, rel=0.05)
+    assert cv(a) == pytest.approx(3.0, rel=0.05)
+
+
+def test_trace_csv(tmp_path):
+    (tmp_path / "t.csv").write_text("user,arrival_ms\na,5\nb,1.5\nc,2\n")
+    a = arrivals(tmp_path, arrival="trace", trace_csv="t.csv")
+    assert a.tolist() == [1_500_000, 2_000_000, 5_000_000]
+    (tmp_path / "bare.csv").write_text("0.5\n0.25\n")
+    assert arrivals(tmp_path, arrival="trace", trace_csv="bare.csv").tolist() == [
+        250_000_000, 500_000_000]
+
+
+def test_trace_errors(tmp_path):
+    (tmp_path / "t.csv").write_text("when\n1\n")
+    with pytest.raises(InputError, match="a column named one of arrival_s"):
+        arrivals(tmp_path, arrival="trace", trace_csv="t.csv")
+    (tmp_path / "neg.csv").write_text("arrival_s\n-1\n")
+    with pytest.raises(InputError, match="finite arrival times >= 0"):
+        arrivals(tmp_path, arrival="trace", trace_csv="neg.csv")

@@ -1,0 +1,69 @@
+"""The CLI as a user runs it: a subprocess, JSON on stdout, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "servelab", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, check=False)
+
+
+def test_plan_seed_json_is_only_json():
+    p = run("plan", "--scenario", "seed", "--num-requests", "30000", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["plan"]["num_gpus"] >= 1 and d["seed_comparison"]
+
+
+def test_plan_seed_table():
+    p = run("plan", "--scenario", "seed", "--num-requests", "30000")
+    assert p.returncode == 0, p.stderr
+    for text in ("latency budget", "closed-form first estimate", "stated vs servelab",
+                 "KV per token"):
+        assert text in p.stdout
+
+
+def test_simulate_flags_override(tmp_path):
+    p = run("simulate", "--qps", "500", "--max-batch-size", "4", "--num-gpus", "3",
+            "--max-queue-delay-us", "0", "--num-requests", "5000", "--json")
+    d = json.loads(p.stdout)
+    assert d["scenario"]["workload"]["qps"] == 500.0
+    assert d["gpu"]["num_gpus"] == 3
+    assert max(int(b) for b in d["batching"]["batch_size_histogram"]) <= 4
+
+
+def test_user_mistakes_are_one_line_without_traceback(tmp_path):
+    for args, needle in [
+        (("simulate", "--qps", "-5"), "--qps ([workload] qps) = -5.0"),
+        (("simulate", "--gpu", "H1OO"), "[hardware] gpu) = 'H1OO'"),
+        (("simulate", "--gpu", "H1OO"), "did you mean 'H100'?"),
+        (("simulate", "--scenario", str(tmp_path / "none.toml")), "a TOML file that exists"),
+        (("sweep", "qsp", "--values", "1,2"), "did you mean 'qps'?"),
+        (("sweep", "qps"), "--start/--stop"),
+    ]:
+        p = run(*args)
+        assert p.returncode == 1, (args, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and needle in lines[0], (args, p.stderr)
+
+
+def test_sweep_table_csv_and_json(tmp_path):
+    out = tmp_path / "sweep.csv"
+    p = run("sweep", "max_queue_delay_us", "--values", "0,1000,2000", "--csv", str(out),
+            "--num-requests", "20000", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert [r["max_queue_delay_us"] for r in rows] == [0, 1000, 2000]
+    # A wider window gives bigger batches at the same load.
+    assert rows[0]["mean_batch_size"] < rows[1]["mean_batch_size"] < rows[2]["mean_batch_size"]
+    with out.open() as fh:
+        assert len(list(csv.DictReader(fh))) == 3
+    p = run("sweep", "qps", "--start", "1000", "--stop", "4000", "--steps", "4",
+            "--num-requests", "10000")
+    assert p.returncode == 0 and "sweep qps" in p.stdout

@@ -1,0 +1,105 @@
+"""Service-time models, each checked against its formula worked out here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servelab.batching.service import build_service_model, draw_multipliers, exec_table_ns
+from servelab.catalog import get_gpu
+from servelab.errors import InputError
+from servelab.scenario import Variability, scenario_from_dict
+
+H100 = get_gpu("H100-SXM")
+
+
+def model(mbs: int = 16, base_dir: str = ".", **spec):
+    s = scenario_from_dict({"model": spec})
+    return build_service_model(s.model, H100, mbs, base_dir)
+
+
+def test_constant():
+    m = model(kind="constant", latency_ms=2.0)
+    assert m.exec_s(np.array([1, 8, 16])).tolist() == [0.002] * 3
+    assert m.saturated_rows_per_s(16) == pytest.approx(16 / 0.002)
+    assert m.feed(4, 16)[0] == pytest.approx(4 / 16)
+
+
+def test_affine():
+    m = model(kind="affine", base_ms=1.0, per_row_ms=0.25)
+    assert m.exec_s(np.array([1, 4]))[1] == pytest.approx(0.002)
+    assert m.saturated_rows_per_s(16) == pytest.approx(4000.0)  # 1 / per_row
+    assert m.feed(1, 16)[0] == pytest.approx((1 / 0.00125) / 4000)
+
+
+def test_roofline_compute_and_memory_bound():
+    eff = 0.5
+    m = model(kind="roofline", flops_per_row=1e11, bytes_per_batch=2e9, overhead_us=100,
+              efficiency=eff)
+    peak, bw = 989.5e12 * eff, 3.35e12 * eff
+    for b in (1, 4, 16):
+        expected = max(b * 1e11 / peak, 2e9 / bw) + 1e-4
+        assert m.exec_s(b)[0] == pytest.approx(expected)
+    assert m.saturated_rows_per_s(16) == pytest.approx(peak / 1e11)
+    assert m.mfu(16)[0] == pytest.approx(16 * 1e11 / (m.exec_s(16)[0] * 989.5e12))
+
+
+def test_roofline_fp8_uses_the_fp8_peak():
+    bf = model(kind="roofline", flops_per_row=1e12, efficiency=1.0)
+    f8 = model(kind="roofline", flops_per_row=1e12, efficiency=1.0, precision="fp8")
+    assert bf.exec_s(1)[0] / f8.exec_s(1)[0] == pytest.approx(1979.0 / 989.5)
+
+
+def test_profile_points_interpolate_and_extrapolate():
+    m = model(kind="profile", points=[[1, 1.0], [4, 1.6], [8, 2.4]])
+    assert m.exec_s(np.array([1, 2, 6, 8]) ).tolist() == pytest.approx(
+        [1e-3, 1.2e-3, 2.0e-3, 2.4e-3])
+    assert m.exec_s(16)[0] == pytest.approx(2.4e-3 + 8 * 0.2e-3)  # last segment's slope
+    assert m.saturated_rows_per_s(8) == pytest.approx(8 / 2.4e-3)
+
+
+def test_profile_from_simple_csv(tmp_path):
+    (tmp_path / "p.csv").write_text("batch_size,latency_us\n1,900\n8,1600\n")
+    m = model(kind="profile", csv="p.csv", base_dir=str(tmp_path))
+    assert m.exec_s(np.array([1, 8])).tolist() == pytest.approx([0.9e-3, 1.6e-3])
+
+
+PA_HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
+             "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,"
+             "p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,request/response,"
+             "response wait\n")
+
+
+def test_profile_from_perf_analyzer_csvs(tmp_path):
+    (tmp_path / "b1.csv").write_text(
+        PA_HEADER + "2,900,10,150,40,20,1500,30,5,1800,1900,2000,2100,1760,0,0\n"
+                    "1,500,10,150,5,20,1200,30,5,1400,1500,1600,1700,1420,0,0\n")
+    (tmp_path / "b8.csv").write_text(
+        PA_HEADER + "1,3000,10,150,5,40,2400,60,5,2700,2800,2900,3000,2670,0,0\n")
+    m = model(kind="profile", perf_analyzer_csv={"1": "b1.csv", "8": "b8.csv"},
+              base_dir=str(tmp_path))
+    # compute input + infer + output at the lowest concurrency
+    assert m.exec_s(np.array([1, 8])).tolist() == pytest.approx([1.25e-3, 2.5e-3])
+
+
+def test_profile_csv_errors_are_clear(tmp_path):
+    (tmp_path / "p.csv").write_text("bs,ms\n1,2\n")
+    with pytest.raises(InputError, match="columns batch_size and latency_ms"):
+        model(kind="profile", csv="p.csv", base_dir=str(tmp_path))
+    (tmp_path / "pa.csv").write_text("Concurrency,Inferences/Second\n1,20\n")
+    with pytest.raises(InputError, match="Server Compute Infer"):
+        model(kind="profile", perf_analyzer_csv={"1": "pa.csv"}, base_dir=str(tmp_path))
+    with pytest.raises(InputError, match="readable"):
+        model(kind="profile", csv="missing.csv", base_dir=str(tmp_path))
+
+
+def test_exec_table_and_multipliers():
+    m = model(kind="affine", base_ms=1.0, per_row_ms=0.5)
+    t = exec_table_ns(m, 4)
+    assert t.tolist() == pytest.approx([0, 1.5e6, 2e6, 2.5e6, 3e6])
+    rng = np.random.default_rng(0)
+    assert (draw_multipliers(Variability.DETERMINISTIC, 0, 5, rng) == 1).all()
+    g = draw_multipliers(Variability.GAMMA, 0.2, 200_000, rng)
+    assert g.mean() == pytest.approx(1, abs=0.01) and g.std() == pytest.approx(0.2, abs=0.01)
+    e = draw_multipliers(Variability.EXPONENTIAL, 0, 200_000, rng)
+    assert e.mean() == pytest.approx(1, abs=0.01) and e.std() == pytest.approx(1, abs=0.02)
