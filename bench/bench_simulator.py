@@ -19,10 +19,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from servelab.batching.service import build_service_model, exec_table_ns  # noqa: E402
-from servelab.batching.simulate import simulate_policy  # noqa: E402
-from servelab.scenario import load_scenario  # noqa: E402
-from tests.reference.simpy_batcher import simulate_simpy  # noqa: E402
+from tests.reference.simpy_batcher import simulate_simpy
+
+from servelab.batching.service import build_service_model, exec_table_ns
+from servelab.batching.simulate import simulate_policy
+from servelab.scenario import load_scenario
 
 CASES = {
     # name: (scenario overrides, description)

@@ -213,21 +213,13 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    """Entry point: the one place a user's mistake becomes a message instead of a traceback."""
+    """Entry point: the one place a user's mistake becomes a message instead of a traceback.
+
+    Typer reports its own usage errors (unknown flag, a word where a number goes)
+    and exits 2; a ServelabError from the scenario or a file exits 1.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except ServelabError as exc:
         stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(1)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        stderr.print("aborted")
-        sys.exit(130)
-    except Exception as exc:  # click's usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise

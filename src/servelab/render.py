@@ -36,7 +36,8 @@ def report_tables(r: Report, *, title: str) -> Group:
                  f"{r.batching.p50_batch_size:g}, p99 {r.batching.p99_batch_size:g}, "
                  f"{r.batching.num_batches:,} batches")
     head.add_row("GPU", f"busy {_pct(r.gpu.busy_fraction)}, fed {_pct(r.gpu.batch_efficiency)} "
-                 f"while busy, effective {_pct(r.gpu.effective_utilization)}, MFU {_pct(r.gpu.mfu)}")
+                 f"while busy, effective {_pct(r.gpu.effective_utilization)}, "
+                 f"MFU {_pct(r.gpu.mfu)}")
     head.add_row("throughput", f"{r.throughput.served_per_s:,.1f} inferences/s served "
                  f"(saturated: {r.gpu.saturated_rows_per_s_per_instance:,.0f} rows/s per instance)")
 
@@ -71,9 +72,9 @@ def report_tables(r: Report, *, title: str) -> Group:
         srch = Table(title="GPU counts simulated", title_justify="left")
         for col in ("GPUs", "p99 ms", "busy", "dropped", "meets"):
             srch.add_column(col, justify="right")
-        for st in r.plan.search:
-            srch.add_row(str(st.num_gpus), _ms(st.p99_ms), _pct(st.busy_fraction),
-                         str(st.dropped), "yes" if st.meets else "no")
+        for step in r.plan.search:
+            srch.add_row(str(step.num_gpus), _ms(step.p99_ms), _pct(step.busy_fraction),
+                         str(step.dropped), "yes" if step.meets else "no")
         parts.append(srch)
     if r.notes:
         notes = Table(show_header=False, box=None)

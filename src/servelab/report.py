@@ -125,7 +125,8 @@ class Report:
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        out: dict[str, Any] = _jsonable(asdict(self))
+        return out
 
 
 def _jsonable(x: Any) -> Any:

@@ -276,7 +276,7 @@ def _points(name: str, v: Any) -> tuple[tuple[int, float], ...]:
             or not isinstance(p[1], int | float)
             or not p[1] > 0
         ):
-            raise invalid(name, p, f"each entry a pair [batch_size >= 1, latency_ms > 0] in {expected}",
+            raise invalid(name, p, f"each entry [batch_size >= 1, latency_ms > 0] in {expected}",
                           f"write e.g. {name} = [[1, 0.9], [8, 1.6]]")
         out.append((int(p[0]), float(p[1])))
     sizes = [b for b, _ in out]
@@ -288,7 +288,7 @@ def _points(name: str, v: Any) -> tuple[tuple[int, float], ...]:
 def _pa_files(name: str, v: Any) -> tuple[tuple[int, str], ...]:
     expected = 'a table of batch size -> perf_analyzer CSV path, e.g. { "1" = "b1.csv" }'
     if not isinstance(v, Mapping):
-        raise invalid(name, v, expected, f'write {name} = {{ "1" = "pa_b1.csv", "8" = "pa_b8.csv" }}')
+        raise invalid(name, v, expected, f'write {name} = {{ "1" = "b1.csv", "8" = "b8.csv" }}')
     out = []
     for k, path in v.items():
         if not str(k).isdigit() or int(k) < 1 or not isinstance(path, str):
@@ -376,7 +376,8 @@ _MODEL_COMMON = {"kind", "name", "variability", "cv"}
 def _section(name: str, raw: Any) -> Any:
     cls, rules = _SECTIONS[name]
     if not isinstance(raw, Mapping):
-        raise invalid(f"[{name}]", raw, "a table of keys", f"write [{name}] on its own line, keys below")
+        raise invalid(f"[{name}]", raw, "a table of keys",
+                      f"write [{name}] on its own line, keys below")
     values: dict[str, Any] = {}
     for key, v in raw.items():
         if key not in rules:
@@ -413,11 +414,12 @@ def _check_model(m: ServiceModelSpec, given: set[str]) -> ServiceModelSpec:
             raise invalid("[model] points/csv/perf_analyzer_csv", n_sources,
                           "exactly one source of measured latencies for kind 'profile'",
                           "give points = [[batch, ms], ...], or csv = FILE, or perf_analyzer_csv")
-    if m.kind is ServiceKind.ROOFLINE:
-        if m.flops_per_row is None and m.bytes_per_row is None and m.bytes_per_batch is None:
-            raise invalid("[model] flops_per_row/bytes_per_row/bytes_per_batch", None,
-                          "at least one of them for kind 'roofline'",
-                          "set flops_per_row (e.g. 2 x parameters x tokens) and bytes_per_batch")
+    if m.kind is ServiceKind.ROOFLINE and (
+        m.flops_per_row is None and m.bytes_per_row is None and m.bytes_per_batch is None
+    ):
+        raise invalid("[model] flops_per_row/bytes_per_row/bytes_per_batch", None,
+                      "at least one of them for kind 'roofline'",
+                      "set flops_per_row (e.g. 2 x parameters x tokens) and bytes_per_batch")
     if m.variability is Variability.GAMMA and m.cv <= 0:
         raise invalid("[model] cv", m.cv, "a number > 0 with variability = 'gamma'",
                       "set cv, e.g. 0.2 for a 20% spread")
@@ -429,7 +431,7 @@ def _check(s: Scenario) -> Scenario:
     too_big = [p for p in b.preferred_batch_size if p > b.max_batch_size]
     if too_big:
         raise invalid("[batching] preferred_batch_size", list(b.preferred_batch_size),
-                      f"sizes no larger than max_batch_size ({b.max_batch_size}), as Triton requires",
+                      f"sizes no larger than max_batch_size ({b.max_batch_size}) as Triton needs",
                       f"drop {too_big} or raise max_batch_size")
     w = s.workload
     if w.arrival is Arrival.TRACE and not w.trace_csv:

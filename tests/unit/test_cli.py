@@ -17,7 +17,8 @@ def test_plan_seed_json_is_only_json():
     p = run("plan", "--scenario", "seed", "--num-requests", "30000", "--json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
-    assert d["plan"]["num_gpus"] >= 1 and d["seed_comparison"]
+    assert d["plan"]["num_gpus"] >= 1
+    assert d["seed_comparison"]
 
 
 def test_plan_seed_table():
@@ -50,7 +51,15 @@ def test_user_mistakes_are_one_line_without_traceback(tmp_path):
         assert p.returncode == 1, (args, p.stdout, p.stderr)
         assert "Traceback" not in p.stderr
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and needle in lines[0], (args, p.stderr)
+        assert len(lines) == 1, (args, p.stderr)
+        assert needle in lines[0], (args, p.stderr)
+
+
+def test_typer_usage_errors_exit_2_without_traceback():
+    p = run("simulate", "--qps", "fast")
+    assert p.returncode == 2
+    assert "--qps" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_sweep_table_csv_and_json(tmp_path):
@@ -66,4 +75,5 @@ def test_sweep_table_csv_and_json(tmp_path):
         assert len(list(csv.DictReader(fh))) == 3
     p = run("sweep", "qps", "--start", "1000", "--stop", "4000", "--steps", "4",
             "--num-requests", "10000")
-    assert p.returncode == 0 and "sweep qps" in p.stdout
+    assert p.returncode == 0
+    assert "sweep qps" in p.stdout

@@ -3,6 +3,8 @@ engine agrees request by request with an independent SimPy model of the same rul
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -80,7 +82,7 @@ def test_rules_hold(case):
     # An instance runs one batch at a time.
     for k in range(c):
         iv = busy_intervals(r, k)
-        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(iv, iv[1:], strict=False))
+        assert all(e1 <= s2 for (_, e1), (s2, _) in itertools.pairwise(iv))
     # No request waits past its delay while an instance is idle.
     delay = policy.max_queue_delay_microseconds * US
     per_inst = [busy_intervals(r, k) for k in range(c)]

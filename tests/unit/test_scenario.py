@@ -20,10 +20,12 @@ def test_seed_loads_with_the_dashboard_figures():
     s = load_scenario("seed")
     assert s.workload.qps == 2000
     assert s.batching.max_queue_delay_microseconds == 2000
-    assert s.hardware.gpu == "H100-SXM" and s.hardware.num_gpus == 2
+    assert s.hardware.gpu == "H100-SXM"
+    assert s.hardware.num_gpus == 2
     assert (s.latency.feature_fetch_ms, s.latency.network_ms) == (3.0, 5.0)
     assert s.model.kind is ServiceKind.ROOFLINE
-    assert s.llm is not None and s.llm.context_tokens == 4096
+    assert s.llm is not None
+    assert s.llm.context_tokens == 4096
 
 
 def test_defaults_make_a_valid_scenario():
@@ -47,9 +49,11 @@ def test_defaults_make_a_valid_scenario():
         ({"workload": {"arrival": "poison"}}, "did you mean 'poisson'?"),
         ({"hardware": {"gpu": "H10"}}, "[hardware] gpu = 'H10'"),
         ({"model": {"kind": "constant"}}, "[model] latency_ms"),
-        ({"model": {"kind": "affine", "latency_ms": 2}}, "remove latency_ms or set kind to constant"),
+        ({"model": {"kind": "affine", "latency_ms": 2}},
+         "remove latency_ms or set kind to constant"),
         ({"model": {"kind": "profile"}}, "exactly one source"),
-        ({"model": {"kind": "profile", "points": [[1, 2], [1, 3]]}}, "each batch size at most once"),
+        ({"model": {"kind": "profile", "points": [[1, 2], [1, 3]]}},
+         "each batch size at most once"),
         ({"workload": {"arrival": "trace"}}, "[workload] trace_csv"),
         ({"latency": {"network_ms": 5, "network_p99_ms": 4}}, "[latency] network_p99_ms"),
         ({"model": {"kind": "roofline", "flops_per_row": 1e9, "precision": "fp8"},
@@ -64,7 +68,8 @@ def test_bad_input_names_field_value_and_fix(raw, expected):
         scenario_from_dict(raw)
     msg = str(err.value)
     assert expected in msg
-    assert "fix:" in msg and "\n" not in msg
+    assert "fix:" in msg
+    assert "\n" not in msg
 
 
 def test_fp8_on_a_gpu_without_fp8_is_a_clear_error():
@@ -81,14 +86,16 @@ def test_gpu_names_are_forgiving_and_figures_overridable():
                                          "price_per_gpu_hour": 1.5}})
     spec = s.hardware.spec()
     assert spec.key == "H100-SXM"
-    assert spec.hbm_bandwidth_tbps == 4.0 and spec.price_per_gpu_hour_usd == 1.5
+    assert spec.hbm_bandwidth_tbps == 4.0
+    assert spec.price_per_gpu_hour_usd == 1.5
     assert spec.source_of("hbm_bandwidth_tbps").source == "scenario override"
 
 
 def test_overrides_are_validated_like_the_file():
     s = load_scenario("seed")
     t = s.with_overrides({"workload.qps": 500, "batching.preferred_batch_size": [4, 8]})
-    assert t.workload.qps == 500 and t.batching.preferred_batch_size == (4, 8)
+    assert t.workload.qps == 500
+    assert t.batching.preferred_batch_size == (4, 8)
     with pytest.raises(InputError, match=r"\[batching\] max_batch_size = -1"):
         s.with_overrides({"batching.max_batch_size": -1})
 
@@ -102,7 +109,9 @@ def test_toml_round_trip(tmp_path):
     path.write_text(text)
     back = load_scenario(path)
     assert scenario_to_toml(back) == text
-    assert back.batching == s.batching and back.model == s.model and back.llm == s.llm
+    assert back.batching == s.batching
+    assert back.model == s.model
+    assert back.llm == s.llm
 
 
 def test_missing_or_broken_file(tmp_path):

@@ -57,11 +57,13 @@ def generate_arrivals(w: Workload, rng: np.random.Generator, base_dir: str = "."
         assert w.trace_csv is not None
         p = Path(w.trace_csv)
         t = load_trace(p if p.is_absolute() else Path(base_dir) / p)
-        return t[:n] if n < t.size else t
+        trace: np.ndarray = t[:n] if n < t.size else t
+        return trace
     if w.arrival is Arrival.POISSON:
         gaps = rng.exponential(mean_gap_s, n)
     elif w.arrival is Arrival.CONSTANT:  # no running sum, so no rounding drift
-        return np.rint(np.arange(1, n + 1) * (mean_gap_s * NS_PER_S)).astype(np.int64)
+        even: np.ndarray = np.rint(np.arange(1, n + 1) * (mean_gap_s * NS_PER_S))
+        return even.astype(np.int64)
     else:  # gamma with a coefficient of variation: shape 1/cv^2, same mean
         shape = 1.0 / (w.cv * w.cv)
         gaps = rng.gamma(shape, mean_gap_s / shape, n)

@@ -50,7 +50,7 @@ def _pending_batch_size(qlen: int, age_ns: int, preferred: np.ndarray, max_batch
 
 
 @njit(cache=True)
-def run_batcher(  # noqa: PLR0913, PLR0912, PLR0915
+def run_batcher(
     arrival_ns: np.ndarray,
     exec_ns: np.ndarray,
     multiplier: np.ndarray,

@@ -48,7 +48,8 @@ class ServiceModel:
         out[lo] = ys[0] + (b[lo] - xb[0]) * (ys[1] - ys[0]) / (xb[1] - xb[0])
         out[hi] = ys[-1] + (b[hi] - xb[-1]) * (ys[-1] - ys[-2]) / (xb[-1] - xb[-2])
         # Extrapolating a measured profile downwards must not reach zero time.
-        return np.maximum(out, 1e-9)
+        floored: np.ndarray = np.maximum(out, 1e-9)
+        return floored
 
     def saturated_rows_per_s(self, max_batch_size: int) -> float:
         """Throughput of a saturated instance: the model's asymptote where it has one,
@@ -62,7 +63,8 @@ class ServiceModel:
     def feed(self, batch: np.ndarray | int, max_batch_size: int) -> np.ndarray:
         """How well fed the GPU is at each batch size: throughput / saturated throughput."""
         b = np.asarray(batch, dtype=np.float64)
-        return (b / self.exec_s(b)) / self.saturated_rows_per_s(max_batch_size)
+        fed: np.ndarray = (b / self.exec_s(b)) / self.saturated_rows_per_s(max_batch_size)
+        return fed
 
     def mfu(self, batch: np.ndarray | int) -> np.ndarray | None:
         """Model FLOPs utilization of a batch, where FLOPs per row are known."""

@@ -38,7 +38,8 @@ class Records:
 
     @property
     def served(self) -> np.ndarray:
-        return self.status == SERVED
+        mask: np.ndarray = self.status == SERVED
+        return mask
 
     def count(self, status: int) -> int:
         return int(np.count_nonzero(self.status == status))
@@ -77,7 +78,9 @@ def simulate_policy(
         policy.max_queue_size,
         policy.default_timeout_microseconds * 1000,
     )
-    return Records(arrival_ns, *out, num_instances=num_instances)
+    status, start, end, batch, b_size, b_start, b_end, b_inst = out
+    return Records(arrival_ns, status, start, end, batch, b_size, b_start, b_end, b_inst,
+                   num_instances)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
