@@ -33,40 +33,11 @@ SWEEP_PARAMS: dict[str, tuple[str, bool]] = {
     "network_ms": ("latency.network_ms", False),
 }
 
-# CLI flag for each overridable key, so an error can name what the user typed.
-FLAGS = {
-    "workload.qps": "--qps",
-    "batching.max_queue_delay_microseconds": "--max-queue-delay-us",
-    "batching.max_batch_size": "--max-batch-size",
-    "batching.preferred_batch_size": "--preferred-batch-size",
-    "batching.max_queue_size": "--max-queue-size",
-    "batching.default_timeout_microseconds": "--timeout-us",
-    "batching.instances_per_gpu": "--instances-per-gpu",
-    "hardware.gpu": "--gpu",
-    "hardware.num_gpus": "--num-gpus",
-    "hardware.price_per_gpu_hour": "--price",
-    "workload.num_requests": "--num-requests",
-    "workload.seed": "--seed",
-    "latency.p99_slo_ms": "--slo-ms",
-}
-
-
 def load(source: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
-    """A scenario file (or 'seed') with flat ``section.key`` overrides applied."""
+    """A scenario file (or 'seed') with flat ``section.key`` overrides (None: not given)."""
     s = load_scenario(source)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if not given:
-        return s
-    try:
-        return s.with_overrides(given)
-    except InputError as exc:
-        msg = str(exc)
-        for key, flag in FLAGS.items():
-            section, _, name = key.partition(".")
-            field = f"[{section}] {name}"
-            if key in given and msg.startswith(field):
-                raise InputError(f"{flag} ({field}){msg[len(field):]}") from None
-        raise
+    return s.with_overrides(given) if given else s
 
 
 def run_simulate(s: Scenario) -> Report:

@@ -20,8 +20,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
-from servelab.errors import ServelabError
+from servelab.errors import InputError, ServelabError
 from servelab.render import print_to, report_tables, seed_table
+from servelab.scenario import Scenario
 from servelab.seed import seed_comparison, seed_rows_dict
 
 app = typer.Typer(
@@ -57,25 +58,43 @@ SloOpt = Annotated[float | None, typer.Option("--slo-ms", help="p99 end-to-end S
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")]
 
 
-def _overrides(qps: float | None, delay: int | None, mbs: int | None, pref: list[int] | None,
-               queue: int | None, timeout: int | None, inst: int | None, gpu: str | None,
-               ngpu: int | None, price: float | None, nreq: int | None, seed: int | None,
-               slo: float | None) -> dict[str, Any]:
-    return {
-        "workload.qps": qps,
-        "batching.max_queue_delay_microseconds": delay,
-        "batching.max_batch_size": mbs,
-        "batching.preferred_batch_size": pref or None,
-        "batching.max_queue_size": queue,
-        "batching.default_timeout_microseconds": timeout,
-        "batching.instances_per_gpu": inst,
-        "hardware.gpu": gpu,
-        "hardware.num_gpus": ngpu,
-        "hardware.price_per_gpu_hour": price,
-        "workload.num_requests": nreq,
-        "workload.seed": seed,
-        "latency.p99_slo_ms": slo,
-    }
+# Each common flag's parameter name -> the scenario key it overrides.
+_FLAG_KEYS = {
+    "qps": "workload.qps",
+    "max_queue_delay_us": "batching.max_queue_delay_microseconds",
+    "max_batch_size": "batching.max_batch_size",
+    "preferred_batch_size": "batching.preferred_batch_size",
+    "max_queue_size": "batching.max_queue_size",
+    "timeout_us": "batching.default_timeout_microseconds",
+    "instances_per_gpu": "batching.instances_per_gpu",
+    "gpu": "hardware.gpu",
+    "num_gpus": "hardware.num_gpus",
+    "price": "hardware.price_per_gpu_hour",
+    "num_requests": "workload.num_requests",
+    "seed": "workload.seed",
+    "slo_ms": "latency.p99_slo_ms",
+}
+
+
+def _load(params: dict[str, Any]) -> Scenario:
+    """The command's scenario with its common flags applied (an unset flag is None).
+
+    An error in a flag's value names the flag as typed and the scenario key it sets.
+    """
+    given = {key: params[name] for name, key in _FLAG_KEYS.items()}
+    if not given["batching.preferred_batch_size"]:
+        given["batching.preferred_batch_size"] = None  # Typer gives [] for "not given"
+    try:
+        return load(params["scenario"], given)
+    except InputError as exc:
+        msg = str(exc)
+        for name, key in _FLAG_KEYS.items():
+            section, _, field = key.partition(".")
+            label = f"[{section}] {field}"
+            if given[key] is not None and msg.startswith(label):
+                flag = "--" + name.replace("_", "-")
+                raise InputError(f"{flag} ({label}){msg[len(label):]}") from None
+        raise
 
 
 def _emit_json(obj: Any) -> None:
@@ -92,9 +111,7 @@ def simulate(
     slo_ms: SloOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Simulate the scenario as given: batches, GPU, latency budget, cost."""
-    s = load(scenario, _overrides(qps, max_queue_delay_us, max_batch_size, preferred_batch_size,
-                                  max_queue_size, timeout_us, instances_per_gpu, gpu, num_gpus,
-                                  price, num_requests, seed, slo_ms))
+    s = _load(locals())
     report = run_simulate(s)
     if as_json:
         _emit_json(report.to_dict())
@@ -115,9 +132,7 @@ def plan(
 
     With --scenario seed, also the seed dashboard's stated figures next to servelab's.
     """
-    s = load(scenario, _overrides(qps, max_queue_delay_us, max_batch_size, preferred_batch_size,
-                                  max_queue_size, timeout_us, instances_per_gpu, gpu, num_gpus,
-                                  price, num_requests, seed, slo_ms))
+    s = _load(locals())
     report = run_plan(s)
     rows = seed_comparison(s, report) if scenario == "seed" else None
     if as_json:
@@ -149,9 +164,7 @@ def sweep(
     slo_ms: SloOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Vary one parameter over a range: a table (and a CSV) of the key figures."""
-    s = load(scenario, _overrides(qps, max_queue_delay_us, max_batch_size, preferred_batch_size,
-                                  max_queue_size, timeout_us, instances_per_gpu, gpu, num_gpus,
-                                  price, num_requests, seed, slo_ms))
+    s = _load(locals())
     grid = _grid(start, stop, steps, values)
     with Progress(TextColumn("sweep {task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),

@@ -59,10 +59,13 @@ def report_tables(r: Report, *, title: str) -> Group:
     parts: list[Table] = [head, lat, plan]
     cf = r.plan.closed_form
     if cf is not None:
-        cmp = Table(title="closed-form first estimate vs simulated", title_justify="left")
+        cmp = Table(title=f"closed-form first estimate vs simulated ({cf.num_gpus} GPUs)"
+                    if not r.plan.search else "closed-form first estimate vs simulated",
+                    title_justify="left")
         for col in ("", "closed form (estimate)", "simulated"):
             cmp.add_column(col, justify="right")
-        cmp.add_row("GPUs for the SLO", str(cf.num_gpus), str(r.plan.num_gpus))
+        if r.plan.search:  # from the planner: both answer "how many GPUs?"
+            cmp.add_row("GPUs for the SLO", str(cf.num_gpus), str(r.plan.num_gpus))
         cmp.add_row("mean batch", f"{cf.mean_batch_size:.2f}", f"{r.batching.mean_batch_size:.2f}")
         cmp.add_row("busy", _pct(cf.busy_fraction), _pct(r.gpu.busy_fraction))
         cmp.add_row("mean queue ms", _ms(cf.mean_queue_ms), _ms(r.latency.mean_queue_ms))

@@ -57,7 +57,8 @@ def seed_comparison(s: Scenario, planned: Report) -> list[SeedRow]:
             f" on {stated_gpus} GPUs",
             svc_rep.busy_fraction > 0.95,
             f"{qps:g} rows/s against {svc_rep.saturated_rows_per_s_per_instance:,.0f} rows/s "
-            "saturated per GPU cannot keep 2 GPUs busy; at 100% the queue would grow without bound",
+            f"saturated per GPU cannot keep {stated_gpus} GPUs busy; at 100% the queue would grow "
+            "without bound",
         ),
         SeedRow(
             "p50 latency", "11.7 ms", f"{at_stated.latency.p50_ms:.2f} ms",
@@ -70,8 +71,9 @@ def seed_comparison(s: Scenario, planned: Report) -> list[SeedRow]:
         SeedRow(
             "H100s needed", "2", str(planned.plan.num_gpus),
             planned.plan.num_gpus == 2,
-            f"fewest meeting p99 <= {s.latency.p99_slo_ms:g} ms (assumed SLO): "
-            f"{planned.plan.verdict}",
+            f"fewest with p99 <= {s.latency.p99_slo_ms:g} ms (assumed SLO): "
+            f"{planned.plan.num_gpus} gives p99 {planned.latency.p99_ms:.2f} ms at "
+            f"{_pct(planned.gpu.busy_fraction)} busy",
         ),
         SeedRow(
             "$ per 1M inferences", "$16.1",
