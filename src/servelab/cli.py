@@ -21,7 +21,8 @@ from rich.table import Table
 
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
 from servelab.errors import InputError, ServelabError
-from servelab.render import print_to, report_tables, seed_table
+from servelab.llm.pool import kv_report, pool_spec, run_paging
+from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
 from servelab.scenario import Scenario
 from servelab.seed import seed_comparison, seed_rows_dict
 
@@ -76,24 +77,27 @@ _FLAG_KEYS = {
 }
 
 
-def _load(params: dict[str, Any]) -> Scenario:
-    """The command's scenario with its common flags applied (an unset flag is None).
+def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario:
+    """The command's scenario with its flags applied (an unset flag is None).
 
     An error in a flag's value names the flag as typed and the scenario key it sets.
     """
-    given = {key: params[name] for name, key in _FLAG_KEYS.items()}
-    if not given["batching.preferred_batch_size"]:
+    given = {key: params[name] for name, key in keys.items()}
+    if "batching.preferred_batch_size" in given and not given["batching.preferred_batch_size"]:
         given["batching.preferred_batch_size"] = None  # Typer gives [] for "not given"
+    if given.get("llm.num_gpus") is not None and given.get("llm.tp") is None:
+        given["llm.tp"] = 0  # --num-gpus alone: one tensor-parallel group over all of them
     try:
         return load(params["scenario"], given)
     except InputError as exc:
         msg = str(exc)
-        for name, key in _FLAG_KEYS.items():
+        for name, key in keys.items():
             section, _, field = key.partition(".")
             label = f"[{section}] {field}"
             if given[key] is not None and msg.startswith(label):
                 flag = "--" + name.replace("_", "-")
-                raise InputError(f"{flag} ({label}){msg[len(label):]}") from None
+                raise InputError(f"{flag} ({label}){msg[len(field) + len(section) + 3:]}"
+                                 ) from None
         raise
 
 
@@ -186,6 +190,100 @@ def sweep(
     stdout.print(t)
     if csv_path is not None:
         stderr.print(f"wrote {csv_path}")
+
+
+kv_app = typer.Typer(help="LLM KV cache: sizing, pool capacity, paged vs contiguous.",
+                     invoke_without_command=True, no_args_is_help=False)
+app.add_typer(kv_app, name="kv")
+
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]
+KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype",
+                                                help="auto, fp16, bf16, fp8, int8, int4.")]
+WDtypeOpt = Annotated[str | None, typer.Option("--weight-dtype",
+                                               help="auto, bf16, fp16, fp8, int8, int4.")]
+CtxOpt = Annotated[int | None, typer.Option("--context", help="Tokens per session.")]
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.")]
+UtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization",
+                                               help="vLLM's share of each GPU (0.9).")]
+BlockOpt = Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block.")]
+KvGpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU from the catalog.")]
+KvNGpuOpt = Annotated[int | None, typer.Option("--num-gpus", help="GPUs in the deployment.")]
+
+_KV_KEYS = {
+    "model": "llm.model", "kv_dtype": "llm.kv_dtype", "weight_dtype": "llm.weight_dtype",
+    "context": "llm.context_tokens", "tp": "llm.tp", "gpu": "llm.gpu",
+    "num_gpus": "llm.num_gpus", "gpu_memory_utilization": "llm.gpu_memory_utilization",
+    "block_size": "llm.block_size",
+}
+
+
+@kv_app.callback()
+def kv(
+    ctx: typer.Context, scenario: ScenarioOpt = "seed", model: ModelOpt = None,
+    kv_dtype: KvDtypeOpt = None, weight_dtype: WDtypeOpt = None, context: CtxOpt = None,
+    gpu: KvGpuOpt = None, num_gpus: KvNGpuOpt = None, tp: TpOpt = None,
+    gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
+    sessions: Annotated[int | None, typer.Option(
+        help="Also answer: the longest context at which this many sessions fit.")] = None,
+    memory_gib: Annotated[float | None, typer.Option(
+        help="Per-GPU memory as the runtime reports it (GiB).")] = None,
+    weights_gib: Annotated[float | None, typer.Option(help="Weights, whole model (GiB).")
+                           ] = None,
+    activation_gib: Annotated[float | None, typer.Option(
+        help="Activation peak per GPU (GiB); default: estimated.")] = None,
+    non_torch_gib: Annotated[float | None, typer.Option(
+        help="Non-torch memory per GPU (GiB); default 0.5, or 2.0 under tp.")] = None,
+    cudagraph_gib: Annotated[float, typer.Option(help="CUDA-graph reserve per GPU (GiB).")
+                             ] = 0.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """KV bytes per token and session, the pool vLLM would allocate, max sessions."""
+    if ctx.invoked_subcommand is not None:
+        return
+    s = _load(locals(), _KV_KEYS)
+    report = kv_report(pool_spec(s, memory_runtime_gib=memory_gib, weights_gib=weights_gib,
+                                 activation_gib=activation_gib, non_torch_gib=non_torch_gib,
+                                 cudagraph_gib=cudagraph_gib), sessions)
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        print_to(stdout, kv_tables(report))
+
+
+@kv_app.command("paging")
+def kv_paging(
+    scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
+    weight_dtype: WDtypeOpt = None, context: CtxOpt = None, gpu: KvGpuOpt = None,
+    num_gpus: KvNGpuOpt = None, tp: TpOpt = None, gpu_memory_utilization: UtilOpt = None,
+    block_size: BlockOpt = None,
+    lengths: Annotated[str, typer.Option(
+        help="sharegpt, alpaca, or a CSV with prompt_tokens,output_tokens.")] = "sharegpt",
+    requests: Annotated[int, typer.Option(help="Requests to replay.")] = 2000,
+    qps: Annotated[float | None, typer.Option(
+        help="Arrivals per second; default: twice what paging can serve.")] = None,
+    iteration_ms: Annotated[float, typer.Option(help="One decode iteration (ms).")] = 20.0,
+    pool_tokens: Annotated[int | None, typer.Option(
+        help="KV pool in tokens; default: the [llm] pool of one replica.")] = None,
+    max_len: Annotated[int | None, typer.Option(
+        help="Longest sequence (contiguous-max reserves it); default: --context.")] = None,
+    prefix_tokens: Annotated[int, typer.Option(
+        help="A prompt prefix every request shares (a system prompt).")] = 0,
+    seed: SeedOpt = None, as_json: JsonOpt = False,
+) -> None:
+    """Replay one request stream against the pool: contiguous (max, pow2, oracle) vs paged."""
+    s = _load(locals(), _KV_KEYS)
+    with Progress(TextColumn("replaying"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  console=stderr, transient=True) as bar:
+        n_strat = 5 if prefix_tokens else 4
+        task = bar.add_task("paging", total=requests * n_strat)
+        report = run_paging(s, lengths=lengths, num_requests=requests, qps=qps,
+                            iteration_ms=iteration_ms, pool_tokens=pool_tokens,
+                            max_len=max_len, prefix_tokens=prefix_tokens, seed=seed or 0,
+                            on_progress=lambda done: bar.update(task, completed=done))
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        print_to(stdout, paging_table(report))
 
 
 def _grid(start: float | None, stop: float | None, steps: int, values: str | None

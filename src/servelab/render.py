@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.table import Table
 
+from servelab.llm.pool import KvReport, PagingReport
 from servelab.report import Report
 from servelab.seed import SeedRow
 
@@ -103,3 +104,78 @@ def seed_table(rows: list[SeedRow]) -> Table:
 def print_to(console: Console, *renderables: object) -> None:
     for x in renderables:
         console.print(x)
+
+
+GIB = 1024**3
+
+
+def kv_tables(r: KvReport) -> Group:
+    d = r.to_dict()
+    m, dep, kv, mem = d["model"], d["deployment"], d["kv"], d["memory"]
+    g = mem["per_gpu"]
+    head = Table(title=f"servelab kv: {m['name']}", title_justify="left", show_header=False,
+                 box=None)
+    head.add_column(style="bold")
+    head.add_column()
+    attn = m["attention"].upper()
+    if m["kv_lora_rank"]:
+        attn += f" (latent {m['kv_lora_rank']} + rope {m['qk_rope_head_dim']})"
+    if m["sliding_layers"]:
+        attn += (f", {m['sliding_layers']} of {m['num_layers']} layers sliding "
+                 f"({m['sliding_window']})")
+    heads = "" if m["kv_lora_rank"] else f"{m['num_kv_heads']} KV heads x {m['head_dim']}, "
+    head.add_row("model", f"{m['num_layers']} layers, {heads}{attn}; "
+                 f"{m['num_parameters'] / 1e9:.2f}B parameters")
+    head.add_row("deployment", f"{dep['num_gpus']} x {dep['gpu']}, tp {dep['tp']} "
+                 f"({dep['replicas']} replica(s)), KV {dep['kv_dtype']}, weights "
+                 f"{dep['weight_dtype']}, gpu_memory_utilization {dep['gpu_memory_utilization']}")
+    head.add_row("KV per token", f"{kv['bytes_per_token']:,.0f} bytes "
+                 f"({kv['bytes_per_token'] / 1024**2:.4g} MiB); per GPU "
+                 f"{kv['bytes_per_token_per_gpu']:,.0f} bytes")
+    head.add_row(f"KV per {dep['context_tokens']:,}-token session",
+                 f"{kv['bytes_per_session']:,.0f} bytes ({kv['bytes_per_session'] / GIB:.4g} GiB, "
+                 f"{kv['bytes_per_session'] / 1e9:.4g} GB)")
+    head.add_row("pool", f"{kv['num_blocks']:,} blocks of {dep['block_size']} tokens = "
+                 f"{kv['tokens_capacity']:,} tokens per replica")
+    head.add_row("max sessions", f"{kv['max_sessions']:,} at {dep['context_tokens']:,} tokens "
+                 f"(vLLM's maximum concurrency {kv['max_concurrency']:.2f}x per replica)")
+    if kv["for_sessions"]:
+        head.add_row("longest context", f"{kv['longest_context_tokens']:,} tokens for "
+                     f"{kv['for_sessions']} concurrent sessions")
+    vram = Table(title="each GPU's memory (GiB)", title_justify="left")
+    for col in ("runtime total", "weights", "activation", "non-torch", "CUDA graphs",
+                "KV pool", "left by utilization"):
+        vram.add_column(col, justify="right")
+    vram.add_row(*(f"{g[k] / GIB:.2f}" for k in (
+        "runtime_total_bytes", "weights_bytes", "activation_bytes", "non_torch_bytes",
+        "cudagraph_bytes", "kv_pool_bytes", "unused_bytes")))
+    parts: list[Table] = [head, vram]
+    notes = [*d["notes"], f"runtime memory: {mem['runtime_memory_source']}"]
+    note_t = Table(show_header=False, box=None)
+    note_t.add_column()
+    for n in notes:
+        note_t.add_row(f"note: {n}")
+    parts.append(note_t)
+    return Group(*parts)
+
+
+def paging_table(r: PagingReport) -> Group:
+    t = Table(title=f"KV allocation, {r.num_requests:,} {r.lengths} requests at {r.qps:.1f}/s "
+              f"into {r.pool_tokens:,} tokens (share of the pool while requests wait)",
+              title_justify="left")
+    for col in ("strategy", "token states", "reserved", "internal frag", "external frag",
+                "free", "mean seqs", "max seqs", "preempted", "done"):
+        t.add_column(col, justify="right")
+    for x in r.results:
+        u = x.under_load
+        t.add_row(x.strategy, _pct(u["token"]), _pct(u["reserved"]), _pct(u["internal"]),
+                  _pct(u["external"]), _pct(u["free"]), f"{x.mean_concurrency:.1f}",
+                  str(x.max_concurrency), str(x.preemptions), f"{x.completed:,}")
+    info = Table(show_header=False, box=None)
+    info.add_column()
+    info.add_row(f"prompts average {r.mean_prompt_tokens:.1f} tokens, outputs "
+                 f"{r.mean_output_tokens:.1f}; max_len {r.max_len:,}; block {r.block_size}; "
+                 f"shared prefix {r.prefix_tokens} tokens")
+    for n in r.notes:
+        info.add_row(f"note: {n}")
+    return Group(t, info)

@@ -140,15 +140,31 @@ class PlanLimits:
 
 @dataclass(frozen=True, slots=True)
 class LlmPool:
-    """The LLM KV-cache pool, as the seed dashboard describes it."""
+    """An LLM deployment's KV-cache pool, by vLLM's knobs.
 
-    model: str = "llama-3-70b"
-    kv_dtype: str = "fp16"
+    ``gpu`` defaults to [hardware] gpu; ``tp`` 0 means all ``num_gpus`` in one
+    tensor-parallel group. ``gpu_memory_gb`` and ``weights_gb`` are the seed
+    dashboard's simpler assumptions (all memory but the weights is KV), kept so
+    its figures can be checked on their own terms.
+    """
+
+    model: str = "llama-3.1-8b"
+    kv_dtype: str = "auto"
+    weight_dtype: str = "auto"
     context_tokens: int = 4096
-    num_gpus: int = 2
-    gpu_memory_gb: float = 80.0
-    weights_gb: float = 70.0
+    gpu: str | None = None
+    num_gpus: int = 1
+    tp: int = 0
+    gpu_memory_utilization: float = 0.9
     block_size: int = 16
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    gpu_memory_gb: float | None = None
+    weights_gb: float | None = None
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.tp or self.num_gpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,13 +367,20 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
     }),
     "llm": (LlmPool, {
         "model": _str,
-        "kv_dtype": _choice("fp32", "fp16", "bf16", "fp8", "int8", "int4"),
-        "context_tokens": _int(1),
-        "num_gpus": _int(1),
-        "gpu_memory_gb": _num(0, strict_lo=True),
-        "weights_gb": _num(0),
-        "block_size": _int(1),
-    }),
+        "kv_dtype": _choice("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2",
+                            "int8", "int4"),
+        "weight_dtype": _choice("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4"),
+        "context_tokens": _int(1, 10_000_000),
+        "gpu": _opt(_str),
+        "num_gpus": _int(1, 100_000),
+        "tp": _int(0, 1024),
+        "gpu_memory_utilization": _num(0, 1, strict_lo=True),
+        "block_size": _int(1, 1024),
+        "max_num_batched_tokens": _int(1),
+        "max_num_seqs": _int(1),
+        "gpu_memory_gb": _opt(_num(0, strict_lo=True)),
+        "weights_gb": _opt(_num(0)),
+}),
 }
 
 _TOP = {"name", "description", *_SECTIONS}
@@ -383,6 +406,8 @@ def _section(name: str, raw: Any) -> Any:
         if key not in rules:
             raise unknown_key(f"[{name}]", key, rules)
         values[key] = rules[key](f"[{name}] {key}", v)
+    if name == "llm" and values.get("gpu"):
+        values["gpu"] = resolve_gpu_name(values["gpu"], "[llm] gpu")
     if name == "hardware":
         overrides = tuple((f, values.pop(f)) for f in FIGURES if f in values)
         if "gpu" in values:

@@ -11,11 +11,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from servelab.batching.simulate import simulate
-from servelab.llm.kv import get_model, naive_pool
+from servelab.llm.kv import GIB, naive_pool, size_pool
+from servelab.llm.models import get_model
+from servelab.llm.pool import pool_spec
 from servelab.report import Report, build_report
 from servelab.scenario import Scenario
 
-MIB, GIB = 1024**2, 1024**3
+MIB = 1024**2
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,20 +114,23 @@ def seed_comparison(s: Scenario, planned: Report) -> list[SeedRow]:
 
 
 def _kv_rows(s: Scenario) -> list[SeedRow]:
-    if s.llm is None:
-        return []
     p = s.llm
-    shape = get_model(p.model)
-    pool = naive_pool(shape, p.kv_dtype, p.context_tokens, p.num_gpus, p.gpu_memory_gb,
-                      p.weights_gb)
+    if p is None or p.gpu_memory_gb is None or p.weights_gb is None:
+        return []
+    stated_gb, weights_gb = p.gpu_memory_gb, p.weights_gb
+    model = get_model(p.model)
+    pool = naive_pool(model, p.kv_dtype, p.context_tokens, p.num_gpus, stated_gb, weights_gb)
     tok, ses = pool.bytes_per_token, pool.bytes_per_session
+    real = size_pool(pool_spec(s))
+    as_stated = size_pool(replace(pool_spec(s), weights_gib=weights_gb * 1e9 / GIB))
+    gpu_gib = real.per_gpu.runtime_total_bytes / GIB
     return [
         SeedRow(
             "KV per token", "0.625 MB",
             f"{tok:,.0f} bytes ({tok / MIB:.4g} MiB, {tok / 1e6:.4g} MB)",
             abs(tok / MIB - 0.625) < 0.01 or abs(tok / 1e6 - 0.625) < 0.01,
-            f"2 (K,V) x {shape.num_layers} layers x {shape.num_kv_heads} KV heads x "
-            f"{shape.head_dim} dims x 2 bytes; the dashboard counted the 2-byte FP16 factor twice",
+            f"2 (K,V) x {model.num_layers} layers x {model.num_kv_heads} KV heads x "
+            f"{model.head_dim} dims x 2 bytes; the dashboard counted the 2-byte FP16 factor twice",
         ),
         SeedRow(
             f"KV per {p.context_tokens:,}-token session", "2.68 GB",
@@ -136,14 +141,24 @@ def _kv_rows(s: Scenario) -> list[SeedRow]:
         SeedRow(
             "KV headroom", "90 GB", f"{pool.headroom_bytes / 1e9:g} GB",
             abs(pool.headroom_bytes / 1e9 - 90) < 0.5,
-            f"{p.num_gpus} x {p.gpu_memory_gb:g} GB - {p.weights_gb:g} GB weights, with the "
+            f"{p.num_gpus} x {stated_gb:g} GB - {weights_gb:g} GB weights, with the "
             "dashboard's assumption that nothing else is reserved",
         ),
         SeedRow(
             "max sessions", "33", f"{pool.max_sessions}", pool.max_sessions == 33,
-            "headroom / bytes per session under the dashboard's assumptions; vLLM's real "
-            "accounting (activation and CUDA-graph reserves, gpu_memory_utilization): see the "
-            "KV issue",
+            "headroom / bytes per session, on the dashboard's own assumptions",
+        ),
+        SeedRow(
+            "max sessions, vLLM's accounting", "33",
+            f"{as_stated.max_sessions} ({as_stated.max_concurrency:.1f}x) with "
+            f"{weights_gb:g} GB of weights; {real.max_sessions} "
+            f"({real.max_concurrency:.2f}x) with {model.name}'s "
+            f"{real.weights_bytes / 1e9:.0f} GB of BF16 weights",
+            as_stated.max_sessions == 33,
+            f"tp={real.tp}, per GPU: {gpu_gib:.2f} GiB x {p.gpu_memory_utilization} "
+            f"utilization - weights - {real.per_gpu.activation_bytes / GIB:.2f} GiB activation "
+            f"- {real.per_gpu.non_torch_bytes / GIB:.1f} GiB non-torch; 70 GB of weights is "
+            "FP8 (or INT8) for this model",
         ),
     ]
 

@@ -77,3 +77,42 @@ def test_sweep_table_csv_and_json(tmp_path):
             "--num-requests", "10000")
     assert p.returncode == 0
     assert "sweep qps" in p.stdout
+
+
+def test_kv_json_keys():
+    p = run("kv", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--num-gpus", "1",
+            "--kv-dtype", "fp8", "--context", "8192", "--sessions", "10", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    for section, key in [("kv", "bytes_per_token"), ("kv", "bytes_per_token_per_gpu"),
+                         ("kv", "bytes_per_session"), ("kv", "num_blocks"),
+                         ("kv", "max_sessions"), ("memory", "weights_bytes"),
+                         ("memory", "kv_pool_bytes")]:
+        assert d[section][key] is not None
+    assert d["kv"]["bytes_per_token"] == 2 * 32 * 8 * 128 * 1
+    assert d["kv"]["longest_context_tokens"] > 8192
+
+
+def test_kv_table_and_mistakes():
+    p = run("kv")
+    assert p.returncode == 0, p.stderr
+    assert "each GPU's memory" in p.stdout
+    for args, needle in [(("kv", "--model", "lama-3.1-8b"), "did you mean 'llama-3.1-8b'?"),
+                         (("kv", "--num-gpus", "3", "--tp", "2"), "multiple of the tensor"),
+                         (("kv", "--kv-dtype", "fp7"), "--kv-dtype ([llm] kv_dtype) = 'fp7'")]:
+        p = run(*args)
+        assert p.returncode == 1, (args, p.stderr)
+        assert needle in p.stderr
+        assert "Traceback" not in p.stderr
+
+
+def test_kv_paging_json():
+    p = run("kv", "paging", "--requests", "300", "--max-len", "2048", "--prefix-tokens", "128",
+            "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    names = [r["strategy"] for r in d["results"]]
+    assert names == ["contiguous_max", "contiguous_pow2", "contiguous_oracle", "paged",
+                     "paged_prefix"]
+    assert all(r["completed"] + r["rejected_too_long"] + r["running_at_end"]
+               + r["waiting_at_end"] == 300 for r in d["results"])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from servelab.api import run_plan
-from servelab.llm.kv import bytes_per_token, get_model
+from servelab.llm.kv import bytes_per_token
+from servelab.llm.models import get_model
 from servelab.scenario import load_scenario
 from servelab.seed import seed_comparison
 
@@ -30,3 +31,6 @@ def test_seed_table_rows():
     assert abs(float(batch.servelab.split()[0]) - 5.0) < 0.1
     assert not rows["$ per 1M inferences"].agrees
     assert all(r.reason for r in rows.values())
+    vllm = rows["max sessions, vLLM's accounting"]
+    assert not vllm.agrees
+    assert "BF16 weights" in vllm.servelab

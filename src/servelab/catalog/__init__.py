@@ -15,6 +15,7 @@ ALIASES = {"H100": "H100-SXM", "A100": "A100-80GB", "H100SXM": "H100-SXM"}
 
 FIGURES = (
     "memory_datasheet_gb",
+    "memory_runtime_gib",
     "hbm_bandwidth_tbps",
     "bf16_dense_tflops",
     "fp8_dense_tflops",
@@ -42,7 +43,18 @@ class GpuSpec:
     bf16_dense_tflops: float
     fp8_dense_tflops: float | None
     price_per_gpu_hour_usd: float
+    memory_runtime_gib: float | None = None
     sources: tuple[tuple[str, Sourced], ...] = ()
+
+    # Where no runtime figure is recorded: the runtime reports about 1% less than the
+    # datasheet's (binary) GB, e.g. 79.11-79.33 GiB for 80 GB parts in vLLM logs.
+    RUNTIME_SHARE = 0.99
+
+    def runtime_memory_gib(self) -> float:
+        """Device memory as torch.cuda.mem_get_info reports it (vLLM's total_gpu_memory)."""
+        if self.memory_runtime_gib is not None:
+            return self.memory_runtime_gib
+        return self.memory_datasheet_gb * self.RUNTIME_SHARE
 
     @property
     def hbm_bytes_per_s(self) -> float:
