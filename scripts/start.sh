@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Set everything up and run the main job. Until the lab lands (issue 4), that is the
-# planner on the seed scenario, with the seed dashboard's figures held against servelab's.
+# Set everything up and run the main job: the interactive lab on http://127.0.0.1:8000
+# (pass --port N or --host ADDR to change). Nothing to install beyond servelab itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/servelab plan --scenario seed "$@"
+exec .venv/bin/servelab lab "$@"

@@ -286,6 +286,28 @@ def kv_paging(
         print_to(stdout, paging_table(report))
 
 
+@app.command()
+def lab(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")
+                    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+) -> None:
+    """Start the interactive lab in your browser (no server to install)."""
+    import uvicorn
+
+    from servelab.lab.server import app as lab_app
+
+    url = f"http://{host}:{port}"
+    stderr.print(f"servelab lab on [bold]{url}[/] (Ctrl+C to stop)", highlight=False)
+    try:
+        uvicorn.run(lab_app, host=host, port=port, log_level="warning")
+    except OSError as exc:
+        from servelab.errors import ConfigError
+
+        raise ConfigError(f"--port = {port}: cannot listen on {host}:{port} ({exc.strerror}); "
+                          "fix: choose another port, e.g. --port 8001") from exc
+
+
 def _grid(start: float | None, stop: float | None, steps: int, values: str | None
           ) -> list[float]:
     from servelab.errors import invalid

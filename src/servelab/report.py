@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from servelab.batching.analytic import ClosedForm
-from servelab.batching.simulate import Simulation
+from servelab.batching.simulate import Simulation, is_constant
 from servelab.scenario import scenario_to_dict
 
 PERCENTILES = (50, 90, 95, 99)
@@ -29,9 +29,12 @@ class Stat:
     def of(cls, seconds: np.ndarray) -> Stat:
         if seconds.size == 0:
             return cls(*([float("nan")] * 5))
-        ms = seconds * 1e3
-        p = np.percentile(ms, PERCENTILES)
-        return cls(float(ms.mean()), *(float(x) for x in p))
+        p = np.percentile(seconds, PERCENTILES) * 1e3
+        return cls(float(seconds.mean() * 1e3), *(float(x) for x in p))
+
+    @classmethod
+    def constant(cls, ms: float) -> Stat:
+        return cls(ms, ms, ms, ms, ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,19 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def _hist_percentile(hist: np.ndarray, q: float) -> float:
+    """The q-th percentile of the values a histogram counts (numpy's 'linear' method)."""
+    n = int(hist.sum())
+    if n == 0:
+        return float("nan")
+    cum = np.cumsum(hist)
+    pos = (n - 1) * q / 100.0
+    lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+    v_lo = float(np.searchsorted(cum, lo + 1))
+    v_hi = float(np.searchsorted(cum, hi + 1))
+    return v_lo + (v_hi - v_lo) * (pos - lo)
+
+
 def cost_per_million(num_gpus: int, price_per_gpu_hour: float, served_per_s: float) -> float:
     """Dollars per 1M inferences: GPU-hours paid over inferences served in that hour."""
     if served_per_s <= 0:
@@ -186,8 +202,8 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
         mean_batch_size=float(sizes.mean()) if sizes.size else float("nan"),
         batch_size_histogram=histogram,
         num_batches=int(sizes.size),
-        p50_batch_size=float(np.percentile(sizes, 50)) if sizes.size else float("nan"),
-        p99_batch_size=float(np.percentile(sizes, 99)) if sizes.size else float("nan"),
+        p50_batch_size=_hist_percentile(hist, 50),
+        p99_batch_size=_hist_percentile(hist, 99),
     )
 
     busy_s = float((r.batch_end_ns - r.batch_start_ns).sum()) / 1e9
@@ -217,20 +233,41 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
         ),
     )
 
-    queue_s = (r.start_ns[served] - r.arrival_ns[served]) / 1e9
-    gpu_s = (r.end_ns[served] - r.start_ns[served]) / 1e9
-    fetch_s, net_s = sim.fetch_s[served], sim.network_s[served]
-    e2e_s = fetch_s + queue_s + gpu_s + net_s
+    if counts["served"] == counts["arrivals"]:  # the common case: no mask to apply
+        queue_s = (r.start_ns - r.arrival_ns) / 1e9
+        gpu_s = (r.end_ns - r.start_ns) / 1e9
+        fetch_s, net_s = sim.fetch_s, sim.network_s
+    else:
+        queue_s = (r.start_ns[served] - r.arrival_ns[served]) / 1e9
+        gpu_s = (r.end_ns[served] - r.start_ns[served]) / 1e9
+        fetch_s, net_s = sim.fetch_s[served], sim.network_s[served]
+    lat = s.latency
+    fetch_const = is_constant(lat.feature_fetch_ms, lat.feature_fetch_p99_ms)
+    net_const = is_constant(lat.network_ms, lat.network_p99_ms)
+    fetch_stat = (Stat.constant(lat.feature_fetch_ms) if fetch_const or not queue_s.size
+                  else Stat.of(fetch_s))
+    net_stat = (Stat.constant(lat.network_ms) if net_const or not queue_s.size
+                else Stat.of(net_s))
+    e2e_s = queue_s + gpu_s
+    if not fetch_const:
+        e2e_s += fetch_s
+    if not net_const:
+        e2e_s += net_s
     e2e = Stat.of(e2e_s)
+    if fetch_const or net_const:  # constants shift every percentile by the same amount
+        shift = (lat.feature_fetch_ms if fetch_const else 0.0) + (
+            lat.network_ms if net_const else 0.0)
+        e2e = Stat(*(x + shift for x in (e2e.mean_ms, e2e.p50_ms, e2e.p90_ms, e2e.p95_ms,
+                                          e2e.p99_ms)))
     latency = LatencyStats(
         mean_queue_ms=float(queue_s.mean() * 1e3) if queue_s.size else float("nan"),
         mean_ms=e2e.mean_ms, p50_ms=e2e.p50_ms, p90_ms=e2e.p90_ms, p95_ms=e2e.p95_ms,
         p99_ms=e2e.p99_ms,
         components={
-            "feature_fetch": Stat.of(fetch_s),
+            "feature_fetch": fetch_stat,
             "queue": Stat.of(queue_s),
             "gpu": Stat.of(gpu_s),
-            "network": Stat.of(net_s),
+            "network": net_stat,
             "end_to_end": e2e,
         },
     )

@@ -566,6 +566,34 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     return out
 
 
+def flatten(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A scenario document as flat ``section.key`` values (the lab's page state)."""
+    out: dict[str, Any] = {}
+    for key, v in raw.items():
+        if isinstance(v, Mapping):
+            for k, x in v.items():
+                out[f"{key}.{k}"] = x
+        else:
+            out[key] = v
+    return out
+
+
+def scenario_from_flat(flat: Mapping[str, Any], base_dir: str | Path = ".") -> Scenario:
+    """A scenario from flat ``section.key`` values, as a page sends them.
+
+    [model] keys that the chosen kind does not take are dropped rather than
+    refused, since a page keeps every field while the user switches kinds.
+    """
+    raw: dict[str, Any] = {}
+    apply_overrides(raw, flat)
+    model = raw.get("model")
+    if isinstance(model, dict):
+        kind = _enum(ServiceKind)("[model] kind", model.get("kind", ServiceKind.AFFINE.value))
+        keep = _MODEL_KEYS[kind] | _MODEL_COMMON
+        raw["model"] = {k: v for k, v in model.items() if k in keep}
+    return scenario_from_dict(raw, base_dir=base_dir)
+
+
 def scenario_to_toml(s: Scenario) -> str:
     return tomli_w.dumps(scenario_to_dict(s))
 

@@ -34,7 +34,7 @@ SERVED, REJECTED, TIMED_OUT = 0, 1, 2
 _NEVER = np.int64(1) << np.int64(62)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pending_batch_size(qlen: int, age_ns: int, preferred: np.ndarray, max_batch_size: int,
                         delay_ns: int) -> int:
     """How many of the queued requests to send now (0: keep waiting)."""
@@ -49,7 +49,7 @@ def _pending_batch_size(qlen: int, age_ns: int, preferred: np.ndarray, max_batch
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: the lab runs simulations on threads
 def run_batcher(
     arrival_ns: np.ndarray,
     exec_ns: np.ndarray,

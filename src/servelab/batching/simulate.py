@@ -94,10 +94,15 @@ class Simulation:
     network_s: np.ndarray
 
 
+def is_constant(median_ms: float, p99_ms: float | None) -> bool:
+    """A latency component given by its median alone (or a p99 equal to it) is constant."""
+    return p99_ms is None or p99_ms == median_ms or median_ms == 0
+
+
 def _component(median_ms: float, p99_ms: float | None, n: int,
                rng: np.random.Generator) -> np.ndarray:
     """Constant at the median, or log-normal through (median, p99)."""
-    if p99_ms is None or p99_ms == median_ms or median_ms == 0:
+    if p99_ms is None or is_constant(median_ms, p99_ms):
         return np.full(n, median_ms / 1e3)
     sigma = np.log(p99_ms / median_ms) / 2.3263478740408408  # z(0.99)
     return rng.lognormal(np.log(median_ms / 1e3), sigma, n)

@@ -11,7 +11,7 @@ import numpy as np
 
 from servelab.catalog import get_gpu
 from servelab.errors import invalid
-from servelab.llm.kv import PoolReport, PoolSpec, longest_context, size_pool
+from servelab.llm.kv import KV_DTYPES, PoolReport, PoolSpec, longest_context, size_pool
 from servelab.llm.models import get_model
 from servelab.llm.paging import (
     PagingResult,
@@ -83,6 +83,7 @@ class KvReport:
                 "max_num_seqs": self.spec.max_num_seqs,
             },
             "kv": {
+                "element_bytes": KV_DTYPES[p.kv_dtype][0],
                 "bytes_per_token": p.bytes_per_token,
                 "bytes_per_token_per_gpu": p.bytes_per_token_per_gpu,
                 "bytes_per_session": p.bytes_per_session,

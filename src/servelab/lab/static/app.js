@@ -1,0 +1,342 @@
+// servelab lab: controls -> JSON API -> read-outs and charts.
+// No number is computed here: the server returns every figure; this file formats and draws.
+"use strict";
+
+const CONTROLS = [
+  { group: "Traffic", items: [
+    { key: "workload.qps", label: "QPS", min: 100, max: 50000, step: 100 },
+    { key: "workload.arrival", label: "Arrivals", options: ["poisson", "constant", "gamma"] },
+    { key: "workload.num_requests", label: "Simulated requests", min: 10000, max: 1000000, step: 10000 },
+  ]},
+  { group: "Batching (Triton)", items: [
+    { key: "batching.max_queue_delay_microseconds", label: "Batch window (max_queue_delay, µs)", min: 0, max: 20000, step: 100 },
+    { key: "batching.max_batch_size", label: "max_batch_size", min: 1, max: 256, step: 1 },
+    { key: "batching.preferred_batch_size", label: "preferred_batch_size (e.g. 4,8)", list: true },
+    { key: "batching.instances_per_gpu", label: "Instances per GPU", min: 1, max: 8, step: 1 },
+    { key: "batching.max_queue_size", label: "max_queue_size (0: unbounded)", min: 0, max: 5000, step: 10 },
+    { key: "batching.default_timeout_microseconds", label: "Timeout (µs, 0: none)", min: 0, max: 100000, step: 500 },
+  ]},
+  { group: "Hardware", items: [
+    { key: "hardware.gpu", label: "GPU", optionsFrom: "gpus" },
+    { key: "hardware.num_gpus", label: "GPUs", min: 1, max: 64, step: 1 },
+  ]},
+  { group: "Model (GPU time per batch)", items: [
+    { key: "preset", label: "Preset", preset: true },
+    { key: "model.kind", label: "Service-time model", options: ["roofline", "affine", "constant"] },
+    { key: "model.latency_ms", label: "Batch time (ms)", min: 0.05, max: 50, step: 0.05, kinds: ["constant"] },
+    { key: "model.base_ms", label: "Per batch (ms)", min: 0, max: 20, step: 0.05, kinds: ["affine"] },
+    { key: "model.per_row_ms", label: "Per row (ms)", min: 0, max: 5, step: 0.01, kinds: ["affine"] },
+    { key: "model.flops_per_row", label: "FLOPs per row", number: true, kinds: ["roofline"] },
+    { key: "model.bytes_per_batch", label: "Bytes per batch (weights)", number: true, kinds: ["roofline"] },
+    { key: "model.bytes_per_row", label: "Bytes per row", number: true, kinds: ["roofline"] },
+    { key: "model.overhead_us", label: "Overhead per batch (µs)", min: 0, max: 3000, step: 10, kinds: ["roofline"] },
+    { key: "model.efficiency", label: "Efficiency", min: 0.05, max: 1, step: 0.05, kinds: ["roofline"] },
+    { key: "model.precision", label: "Precision", options: ["bf16", "fp8"], kinds: ["roofline"] },
+  ]},
+  { group: "Latency outside the GPU", items: [
+    { key: "latency.feature_fetch_ms", label: "Feature fetch (ms)", min: 0, max: 50, step: 0.1 },
+    { key: "latency.network_ms", label: "Network (ms)", min: 0, max: 50, step: 0.1 },
+    { key: "latency.p99_slo_ms", label: "p99 SLO (ms)", min: 1, max: 500, step: 1 },
+  ]},
+  { group: "LLM KV-cache pool (vLLM)", items: [
+    { key: "llm.model", label: "Model", optionsFrom: "models" },
+    { key: "llm.kv_dtype", label: "KV dtype", optionsFrom: "kv_dtypes" },
+    { key: "llm.weight_dtype", label: "Weight dtype", optionsFrom: "weight_dtypes" },
+    { key: "llm.context_tokens", label: "Context (tokens)", min: 512, max: 131072, step: 512 },
+    { key: "llm.num_gpus", label: "GPUs", min: 1, max: 16, step: 1 },
+    { key: "llm.tp", label: "Tensor parallel (0: all GPUs)", min: 0, max: 16, step: 1 },
+    { key: "llm.gpu_memory_utilization", label: "gpu_memory_utilization", min: 0.5, max: 0.98, step: 0.01 },
+    { key: "llm.block_size", label: "Block size (tokens)", options: ["8", "16", "32"], numeric: true },
+  ]},
+];
+
+const PRESETS = {
+  "seed: BERT-base-class encoder (roofline)": null, // the seed's own values
+  "ranking MLP: 0.8 ms + 0.02 ms/row": { "model.kind": "affine", "model.base_ms": 0.8, "model.per_row_ms": 0.02 },
+  "vision CNN: 1.5 ms + 0.4 ms/row": { "model.kind": "affine", "model.base_ms": 1.5, "model.per_row_ms": 0.4 },
+  "fixed 2 ms per batch": { "model.kind": "constant", "model.latency_ms": 2.0 },
+};
+
+let META = null;
+let state = {};
+let inFlight = false;
+let dirty = false;
+let last = {};
+
+const $ = (sel) => document.querySelector(sel);
+const idOf = (key) => "c-" + key.replace(/[._]/g, "-");
+
+function get(obj, path) {
+  return path.split(".").reduce((o, k) => (o == null ? undefined : o[k]), obj);
+}
+
+function fmt(v, kind) {
+  if (v === undefined || v === null) return "–";
+  switch (kind) {
+    case "f0": return Number(v).toFixed(0);
+    case "f1": return Number(v).toFixed(1);
+    case "f2": return Number(v).toFixed(2);
+    case "int": return Math.round(v).toLocaleString("en-US");
+    case "num": return String(v);
+    case "pct": return (100 * v).toFixed(1) + "%";
+    case "ms": return Number(v).toFixed(2) + " ms";
+    case "usd": return "$" + Number(v).toFixed(3);
+    case "bytes": return bytes(v);
+    default: return String(v);
+  }
+}
+
+function bytes(v) {
+  if (v >= 2 ** 30) return (v / 2 ** 30).toFixed(3) + " GiB";
+  if (v >= 2 ** 20) return (v / 2 ** 20).toFixed(3) + " MiB";
+  return Math.round(v).toLocaleString("en-US") + " B";
+}
+
+function buildControls() {
+  const root = $("#controls");
+  for (const grp of CONTROLS) {
+    const fs = document.createElement("fieldset");
+    fs.innerHTML = `<legend>${grp.group}</legend>`;
+    for (const c of grp.items) fs.appendChild(buildControl(c));
+    root.appendChild(fs);
+  }
+}
+
+function buildControl(c) {
+  const row = document.createElement("div");
+  row.className = "control";
+  row.dataset.key = c.key;
+  if (c.kinds) row.dataset.kinds = c.kinds.join(",");
+  const id = idOf(c.key);
+  const label = `<label for="${id}">${c.label}</label>`;
+  if (c.preset) {
+    const opts = Object.keys(PRESETS).map((p) => `<option>${p}</option>`).join("");
+    row.innerHTML = `${label}<select id="${id}"><option value="">(choose)</option>${opts}</select>`;
+    row.querySelector("select").addEventListener("change", (e) => applyPreset(e.target.value));
+    return row;
+  }
+  const options = c.options || (c.optionsFrom ? META[c.optionsFrom] : null);
+  if (options) {
+    row.innerHTML = `${label}<select id="${id}">${options.map((o) => `<option value="${o}">${o}</option>`).join("")}</select>`;
+    row.querySelector("select").addEventListener("change", (e) =>
+      set(c.key, c.numeric ? Number(e.target.value) : e.target.value));
+  } else if (c.list) {
+    row.innerHTML = `${label}<input id="${id}" type="text" inputmode="numeric" placeholder="none">`;
+    row.querySelector("input").addEventListener("change", (e) => {
+      const v = e.target.value.split(",").map((x) => x.trim()).filter(Boolean).map(Number);
+      set(c.key, v);
+    });
+  } else if (c.number) {
+    row.innerHTML = `${label}<input id="${id}" type="number" step="any">`;
+    row.querySelector("input").addEventListener("change", (e) => set(c.key, Number(e.target.value)));
+  } else {
+    row.innerHTML = `${label}<div class="pair"><input id="${id}-range" type="range" min="${c.min}" max="${c.max}" step="${c.step}" aria-label="${c.label} slider">` +
+      `<input id="${id}" type="number" min="${c.min}" step="${c.step}"></div>`;
+    const range = row.querySelector('input[type="range"]');
+    const num = row.querySelector('input[type="number"]');
+    // While a slider moves only the read-outs follow (one request per move); the sweeps
+    // behind the charts are redrawn when it is let go.
+    range.addEventListener("input", () => { num.value = range.value; set(c.key, Number(range.value), false); });
+    range.addEventListener("change", () => schedule(true));
+    num.addEventListener("change", () => { range.value = num.value; set(c.key, Number(num.value)); });
+  }
+  return row;
+}
+
+function showControls() {
+  for (const row of document.querySelectorAll(".control")) {
+    const key = row.dataset.key;
+    if (row.dataset.kinds) row.hidden = !row.dataset.kinds.split(",").includes(state["model.kind"]);
+    if (key === "preset") continue;
+    const v = state[key];
+    const id = idOf(key);
+    const el = document.getElementById(id);
+    if (!el) continue;
+    if (Array.isArray(v)) el.value = v.join(",");
+    else el.value = v === undefined || v === null ? "" : String(v);
+    const range = document.getElementById(id + "-range");
+    if (range && v !== undefined && v !== null) range.value = String(v);
+  }
+}
+
+function applyPreset(name) {
+  if (!(name in PRESETS)) return;
+  const p = PRESETS[name];
+  if (p === null) {
+    for (const k of Object.keys(META.default_state)) if (k.startsWith("model.")) state[k] = META.default_state[k];
+  } else Object.assign(state, p);
+  showControls();
+  schedule();
+}
+
+let wantCharts = true;
+
+function set(key, value, charts = true) {
+  state[key] = value;
+  if (key === "model.kind") showControls();
+  schedule(charts);
+}
+
+function schedule(charts = true) {
+  wantCharts = wantCharts || charts;
+  if (inFlight) { dirty = true; return; }
+  refresh();
+}
+
+async function post(url, body) {
+  const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const data = await r.json();
+  if (!r.ok) throw new Error(data.error || data.detail || r.statusText);
+  return data;
+}
+
+async function refresh() {
+  inFlight = true;
+  dirty = false;
+  const sent = { ...state };
+  $("#status").textContent = "computing…";
+  try {
+    const poolChanged = JSON.stringify(pick(sent, "llm.", "hardware.gpu")) !== JSON.stringify(last.poolKey);
+    const withCharts = wantCharts || !last.charts;
+    wantCharts = false;
+    const [upd, charts] = await Promise.all([post("/api/update", { state: sent }),
+      withCharts ? post("/api/charts", { state: sent }) : Promise.resolve(last.charts)]);
+    last.update = upd;
+    last.charts = charts;
+    // Adopt the server's normalised state (e.g. "h100" -> "H100-SXM") unless the user
+    // changed something while this request was in flight.
+    if (!dirty) state = { ...upd.state, ...pickModel(state) };
+    if (poolChanged) {
+      last.poolKey = pick(sent, "llm.", "hardware.gpu");
+      last.paging = await post("/api/paging", { state: sent });
+    }
+    $("#error").hidden = true;
+    render();
+    writeUrl();
+    $("#status").textContent = "";
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    $("#error").textContent = err.message;
+    $("#error").hidden = false;
+    $("#status").textContent = "";
+  } finally {
+    inFlight = false;
+    if (dirty) refresh();
+  }
+}
+
+function pick(obj, prefix, extra) {
+  const out = {};
+  for (const k of Object.keys(obj).sort()) if (k.startsWith(prefix) || k === extra) out[k] = obj[k];
+  return out;
+}
+
+function pickModel(obj) {  // keep the fields of other service-time kinds while the user switches
+  const out = {};
+  for (const k of Object.keys(obj)) if (k.startsWith("model.")) out[k] = obj[k];
+  return out;
+}
+
+function render() {
+  const data = { ...last.update, paging: last.paging ? last.paging.summary : {} };
+  for (const el of document.querySelectorAll("output[data-path]")) {
+    const v = get(data, el.dataset.path);
+    el.dataset.value = v === undefined ? "" : JSON.stringify(v);
+    el.textContent = fmt(v, el.dataset.fmt);
+  }
+  drawCharts();
+}
+
+const LAYOUT = { margin: { l: 60, r: 60, t: 10, b: 45 }, height: 260, font: { size: 12 },
+  paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", legend: { orientation: "h", y: -0.25 } };
+const CONFIG = { displayModeBar: false, responsive: true };
+
+function drawCharts() {
+  const sim = last.update.simulate;
+  const c = sim.latency.components;
+  const parts = [["feature_fetch", "feature fetch", "#7aa6c2"], ["queue", "queue", "#f2b134"], ["gpu", "GPU", "#6cae75"], ["network", "network", "#a57fc0"]];
+  Plotly.react("chart-budget", [
+    ...parts.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["mean"], x: [c[k].mean_ms], marker: { color } })),
+    { type: "scatter", mode: "markers", name: "p50", y: ["mean"], x: [sim.latency.p50_ms], marker: { symbol: "line-ns-open", size: 24, color: "#333" } },
+    { type: "scatter", mode: "markers", name: "p99", y: ["mean"], x: [sim.latency.p99_ms], marker: { symbol: "line-ns-open", size: 24, color: "#c0392b" } },
+  ], { ...LAYOUT, barmode: "stack", xaxis: { title: "ms" } }, CONFIG);
+  const hist = sim.batching.batch_size_histogram;
+  Plotly.react("chart-hist", [{ type: "bar", x: Object.keys(hist).map(Number), y: Object.values(hist), marker: { color: "#6cae75" } }],
+    { ...LAYOUT, xaxis: { title: "rows per batch" }, yaxis: { title: "batches" } }, CONFIG);
+  const w = last.charts.window_sweep;
+  Plotly.react("chart-window", [
+    { name: "p50 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p50_ms), mode: "lines+markers" },
+    { name: "p99 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p99_ms), mode: "lines+markers" },
+    { name: "fed while busy", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.batch_efficiency), yaxis: "y2", mode: "lines", line: { dash: "dot" } },
+  ], { ...LAYOUT, xaxis: { title: "batch window (ms)" }, yaxis: { title: "ms" }, yaxis2: { overlaying: "y", side: "right", tickformat: ".0%", range: [0, 1] } }, CONFIG);
+  const q = last.charts.qps_sweep;
+  Plotly.react("chart-qps", [
+    { name: "GPU busy", x: q.map((r) => r.qps), y: q.map((r) => r.busy_fraction), mode: "lines+markers" },
+    { name: "p99 ms", x: q.map((r) => r.qps), y: q.map((r) => r.p99_ms), yaxis: "y2", mode: "lines+markers" },
+  ], { ...LAYOUT, xaxis: { title: "QPS" }, yaxis: { title: "busy", tickformat: ".0%", range: [0, 1.05] }, yaxis2: { title: "p99 ms", overlaying: "y", side: "right" } }, CONFIG);
+  const kv = last.update.kv;
+  if (kv) {
+    const g = kv.memory.per_gpu;
+    const segs = [["weights_bytes", "weights", "#8e8e8e"], ["activation_bytes", "activation", "#f2b134"], ["non_torch_bytes", "non-torch", "#d98880"],
+      ["cudagraph_bytes", "CUDA graphs", "#a57fc0"], ["kv_pool_bytes", "KV pool", "#6cae75"], ["unused_bytes", "left by utilization", "#d5dbdb"]];
+    Plotly.react("chart-vram", segs.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["GPU"], x: [g[k] / 2 ** 30], marker: { color } })),
+      { ...LAYOUT, barmode: "stack", xaxis: { title: "GiB" } }, CONFIG);
+  }
+  if (last.paging) {
+    const res = last.paging.results;
+    const kinds = [["token", "token states", "#6cae75"], ["reserved", "reserved", "#f2b134"], ["internal", "internal frag.", "#d98880"], ["external", "external frag.", "#a57fc0"], ["free", "free", "#d5dbdb"]];
+    Plotly.react("chart-paging", kinds.map(([k, name, color]) => ({ type: "bar", name, x: res.map((r) => r.strategy.replace("contiguous_", "contig. ")), y: res.map((r) => r.under_load[k]), marker: { color } })),
+      { ...LAYOUT, barmode: "stack", yaxis: { tickformat: ".0%", range: [0, 1] } }, CONFIG);
+  }
+}
+
+function writeUrl() {
+  const params = new URLSearchParams();
+  for (const [k, v] of Object.entries(state)) {
+    if (JSON.stringify(v) !== JSON.stringify(META.default_state[k])) params.set(k, JSON.stringify(v));
+  }
+  const qs = params.toString();
+  history.replaceState(null, "", qs ? "?" + qs : location.pathname);
+}
+
+function readUrl() {
+  const s = { ...META.default_state };
+  for (const [k, v] of new URLSearchParams(location.search)) {
+    try { s[k] = JSON.parse(v); } catch { s[k] = v; }
+  }
+  return s;
+}
+
+function download(name, text) {
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(new Blob([text], { type: "application/toml" }));
+  a.download = name;
+  a.click();
+  URL.revokeObjectURL(a.href);
+}
+
+async function init() {
+  META = await (await fetch("/api/meta")).json();
+  buildControls();
+  state = readUrl();
+  showControls();
+  $("#btn-export").addEventListener("click", () => download("scenario.toml", last.update.toml));
+  $("#btn-link").addEventListener("click", async () => {
+    try { await navigator.clipboard.writeText(location.href); $("#status").textContent = "link copied"; }
+    catch { $("#status").textContent = location.href; }
+  });
+  $("#btn-reset").addEventListener("click", () => { state = { ...META.default_state }; showControls(); schedule(); });
+  $("#file-load").addEventListener("change", async (e) => {
+    const file = e.target.files[0];
+    if (!file) return;
+    try {
+      const parsed = await post("/api/parse", { toml: await file.text() });
+      state = parsed.state;
+      showControls();
+      schedule();
+    } catch (err) { $("#error").textContent = err.message; $("#error").hidden = false; }
+  });
+  refresh();
+}
+
+init();

@@ -1,0 +1,181 @@
+"""The lab in a real headless Chromium (Debian's), driven by Playwright: the page loads
+clean and local-only, its read-outs equal the CLI's --json, links and TOML round-trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_lab
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+READOUTS = {  # page output id -> path in the CLI's JSON (command, dotted path)
+    "out-mean-batch": ("simulate", "batching.mean_batch_size"),
+    "out-busy": ("simulate", "gpu.busy_fraction"),
+    "out-fed": ("simulate", "gpu.batch_efficiency"),
+    "out-p50": ("simulate", "latency.p50_ms"),
+    "out-p99": ("simulate", "latency.p99_ms"),
+    "out-served": ("simulate", "requests.served"),
+    "out-gpus": ("plan", "plan.num_gpus"),
+    "out-cost": ("plan", "plan.cost_per_million_usd"),
+    "out-kv-token": ("kv", "kv.bytes_per_token"),
+    "out-kv-session": ("kv", "kv.bytes_per_session"),
+    "out-max-sessions": ("kv", "kv.max_sessions"),
+    "out-num-blocks": ("kv", "kv.num_blocks"),
+}
+
+
+@pytest.fixture(scope="module")
+def lab_url() -> Iterator[str]:
+    with running_lab() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():  # type: ignore[no-untyped-def]
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    with playwright.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Watch:
+    """Console errors, page errors and every request URL a page makes."""
+
+    def __init__(self, page) -> None:  # type: ignore[no-untyped-def]
+        self.errors: list[str] = []
+        self.urls: list[str] = []
+        page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        page.on("request", lambda r: self.urls.append(r.url))
+
+
+def open_lab(browser, url: str):  # type: ignore[no-untyped-def]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    watch = Watch(page)
+    page.goto(url)
+    wait_ready(page)
+    return page, watch
+
+
+def wait_ready(page) -> None:  # type: ignore[no-untyped-def]
+    page.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+    settle(page)
+
+
+def settle(page) -> None:  # type: ignore[no-untyped-def]
+    """Wait until no update is in flight and the read-outs show the latest state."""
+    page.wait_for_function("document.querySelector('#status').textContent === ''",
+                           timeout=60_000)
+    page.wait_for_timeout(300)
+    page.wait_for_function("document.querySelector('#status').textContent === ''",
+                           timeout=60_000)
+
+
+def readouts(page) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {k: json.loads(page.get_attribute(f"#{k}", "data-value")) for k in READOUTS}
+
+
+def cli(*args: str) -> dict[str, object]:
+    p = subprocess.run([sys.executable, "-m", "servelab", *args, "--json"], capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def get(d, dotted):  # type: ignore[no-untyped-def]
+    for k in dotted.split("."):
+        d = d[k]
+    return d
+
+
+def cli_values(sim_args: list[str], kv_args: list[str]) -> dict[str, object]:
+    out = {"simulate": cli("simulate", *sim_args), "plan": cli("plan", *sim_args),
+           "kv": cli("kv", *kv_args)}
+    return {k: get(out[cmd], path) for k, (cmd, path) in READOUTS.items()}
+
+
+def test_page_loads_clean_and_local_only(browser, lab_url):
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.querySelector('#chart-paging .main-svg') !== null",
+                           timeout=60_000)
+    assert watch.errors == []
+    hosts = {urlparse(u).hostname for u in watch.urls if not u.startswith(("data:", "blob:"))}
+    assert hosts == {"127.0.0.1"}, hosts
+    assert any(u.endswith("/vendor/plotly.min.js") for u in watch.urls)
+    for label in page.query_selector_all("#controls label"):  # every control is labelled
+        target = label.get_attribute("for")
+        assert target
+        assert page.query_selector(f"#{target}") is not None
+    # The default view is the seed, with the same numbers as the CLI.
+    assert readouts(page) == cli_values(["--scenario", "seed"], ["--scenario", "seed"])
+    page.close()
+
+
+def test_sliders_and_kv_dtype_give_the_cli_numbers(browser, lab_url, tmp_path):
+    page, watch = open_lab(browser, lab_url)
+    before = readouts(page)
+    # Keyboard on the QPS slider: five steps of 100 up from 2,000.
+    page.focus("#c-workload-qps-range")
+    for _ in range(5):
+        page.keyboard.press("ArrowRight")
+    settle(page)
+    assert page.input_value("#c-workload-qps") == "2500"
+    # Drag the batch-window slider's value to 3,000 us through its typed input.
+    page.fill("#c-batching-max-queue-delay-microseconds", "3000")
+    page.press("#c-batching-max-queue-delay-microseconds", "Enter")
+    page.dispatch_event("#c-batching-max-queue-delay-microseconds", "change")
+    page.select_option("#c-llm-kv-dtype", "fp8")
+    settle(page)
+    after = readouts(page)
+    assert after["out-mean-batch"] != before["out-mean-batch"]
+    assert after["out-kv-token"] == before["out-kv-token"] / 2  # type: ignore[operator]
+    expected = cli_values(
+        ["--scenario", "seed", "--qps", "2500", "--max-queue-delay-us", "3000"],
+        ["--scenario", "seed", "--kv-dtype", "fp8"])
+    assert after == expected
+    # The exported TOML is the same scenario for the CLI.
+    with page.expect_download() as dl:
+        page.click("#btn-export")
+    path = tmp_path / "lab.toml"
+    dl.value.save_as(path)
+    assert cli_values(["--scenario", str(path)], ["--scenario", str(path)]) == expected
+    # A shared link restores the same view in a fresh page.
+    url = page.url
+    assert "workload.qps" in url
+    other, _ = open_lab(browser, url)
+    assert other.input_value("#c-workload-qps") == "2500"
+    assert other.input_value("#c-llm-kv-dtype") == "fp8"
+    assert readouts(other) == after
+    assert watch.errors == []
+    other.close()
+    page.close()
+
+
+def test_loading_a_toml_file_and_bad_input(browser, lab_url, tmp_path):
+    page, watch = open_lab(browser, lab_url)
+    toml = tmp_path / "mine.toml"
+    toml.write_text(Path(__file__).resolve().parents[2].joinpath(
+        "src/servelab/data/seed.toml").read_text().replace("qps = 2000.0", "qps = 3100.0"))
+    page.set_input_files("#file-load", str(toml))
+    page.wait_for_function("document.querySelector('#c-workload-qps').value === '3100'",
+                           timeout=30_000)
+    settle(page)
+    assert readouts(page) == cli_values(["--scenario", str(toml)], ["--scenario", str(toml)])
+    # A value the scenario refuses shows the server's one-line message, and nothing breaks.
+    page.fill("#c-batching-max-batch-size", "0")
+    page.dispatch_event("#c-batching-max-batch-size", "change")
+    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    assert "[batching] max_batch_size = 0" in page.inner_text("#error")
+    assert [e for e in watch.errors if "400" not in e] == []
+    page.close()
