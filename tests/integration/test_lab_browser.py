@@ -131,10 +131,12 @@ def test_sliders_and_kv_dtype_give_the_cli_numbers(browser, lab_url, tmp_path):
         page.keyboard.press("ArrowRight")
     settle(page)
     assert page.input_value("#c-workload-qps") == "2500"
-    # Drag the batch-window slider's value to 3,000 us through its typed input.
-    page.fill("#c-batching-max-queue-delay-microseconds", "3000")
-    page.press("#c-batching-max-queue-delay-microseconds", "Enter")
-    page.dispatch_event("#c-batching-max-queue-delay-microseconds", "change")
+    # The batch-window slider, by keyboard too: ten steps of 100 us up from 2,000.
+    page.focus("#c-batching-max-queue-delay-microseconds-range")
+    for _ in range(10):
+        page.keyboard.press("ArrowRight")
+    settle(page)
+    assert page.input_value("#c-batching-max-queue-delay-microseconds") == "3000"
     page.select_option("#c-llm-kv-dtype", "fp8")
     settle(page)
     after = readouts(page)
