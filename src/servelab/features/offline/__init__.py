@@ -1,0 +1,135 @@
+"""Offline retrieval: point-in-time-correct training data, one contract on every engine.
+
+For each entity row (join keys + ``event_timestamp``) and each feature view:
+
+* a feature row matches when its event time is at or before the entity row's
+  time and, with a TTL, no older than the TTL (both bounds inclusive; no TTL
+  or 0 means unlimited);
+* the latest event time wins, ties go to the latest created time;
+* an entity row with no match is kept, with nulls; duplicate entity rows are
+  all kept; rows come back in input order;
+* naive timestamps are UTC, time-zone-aware ones are converted to UTC.
+
+(Rows tied on both event and created time for one key are duplicates; which
+one wins is unspecified. The example generator never makes them.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from servelab.errors import InputError, invalid
+from servelab.features.definitions import DTYPES, FeatureView, Repo
+
+ENTITY_TS = "event_timestamp"
+ROW = "__row"
+UTC_US = pa.timestamp("us", tz="UTC")
+
+
+def read_entity_rows(rows: Any) -> pa.Table:
+    """Entity rows from a pyarrow Table, a pandas DataFrame, or a Parquet/CSV path."""
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, str | Path):
+        p = Path(rows)
+        if not p.exists():
+            raise invalid("--entities", str(rows), "a Parquet or CSV file that exists",
+                          "check the path")
+        if p.suffix.lower() == ".csv":
+            import pyarrow.csv as pacsv
+
+            return pacsv.read_csv(p)
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p)
+    if hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
+        return pa.Table.from_pandas(rows, preserve_index=False)
+    raise invalid("entity rows", type(rows).__name__, "a pyarrow Table, a pandas DataFrame or "
+                  "a path", "pass a table with the join keys and event_timestamp")
+
+
+def to_utc(col: pa.ChunkedArray | pa.Array, where: str) -> pa.ChunkedArray | pa.Array:
+    """A timestamp column as timestamp[us, UTC]: naive means UTC, aware is converted."""
+    t = col.type
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            return pc.assume_timezone(col.cast(pa.timestamp("us")), "UTC").cast(UTC_US)
+        return col.cast(UTC_US)
+    if pa.types.is_date(t):
+        return pc.assume_timezone(col.cast(pa.timestamp("us")), "UTC").cast(UTC_US)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        try:
+            return col.cast(UTC_US)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            try:  # no offset in the strings: naive, so UTC
+                return pc.assume_timezone(col.cast(pa.timestamp("us")), "UTC").cast(UTC_US)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
+    raise invalid(where, str(t), "a timestamp (or ISO-8601 text)",
+                  "store times as timestamps, e.g. 2024-05-01T12:00:00Z")
+
+
+def prepare_entities(rows: Any, views: list[FeatureView], ts_col: str = ENTITY_TS) -> pa.Table:
+    """Validate entity rows for the views asked for; add the row number that keeps order."""
+    table = read_entity_rows(rows)
+    if ts_col not in table.column_names:
+        raise invalid("entity rows", f"columns {table.column_names}",
+                      f"a {ts_col!r} column with each row's point in time",
+                      f"add a {ts_col} column (timestamps; naive means UTC)")
+    for view in views:
+        for key in view.join_keys:
+            if key not in table.column_names:
+                raise invalid("entity rows", f"columns {table.column_names}",
+                              f"join key {key!r}, needed by view {view.name!r}",
+                              f"add a {key} column to the entity rows")
+    ts = to_utc(table[ts_col], f"entity rows column {ts_col!r}")
+    table = table.set_column(table.column_names.index(ts_col), ts_col, ts)
+    return table.append_column(ROW, pa.array(range(table.num_rows), pa.int64()))
+
+
+def output_name(view: FeatureView, feature: str, full: bool) -> str:
+    return f"{view.name}__{feature}" if full else feature
+
+
+def group_by_view(pairs: list[tuple[FeatureView, str]]) -> dict[str, tuple[FeatureView, list[str]]]:
+    out: dict[str, tuple[FeatureView, list[str]]] = {}
+    for view, feat in pairs:
+        out.setdefault(view.name, (view, []))[1].append(feat)
+    return out
+
+
+def check_output_names(pairs: list[tuple[FeatureView, str]], full: bool,
+                       entity_cols: list[str]) -> None:
+    names = [output_name(v, f, full) for v, f in pairs]
+    clash = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(entity_cols)))
+    if clash:
+        raise InputError(f"features: output columns {clash} would clash; expected unique names; "
+                         "fix: ask for view__feature names (full_feature_names / --full-names)")
+
+
+def arrow_type(dtype: str) -> pa.DataType:
+    return DTYPES[dtype]
+
+
+def get_historical_features(repo: Repo, entity_rows: Any, features: list[str], *,
+                            full_feature_names: bool = False, engine: str | None = None,
+                            timestamp_column: str = ENTITY_TS) -> pa.Table:
+    """Point-in-time-correct features for each entity row, on the repo's offline engine."""
+    engine = engine or repo.config.offline
+    if engine == "duckdb":
+        from servelab.features.offline.duckdb import DuckDBEngine
+
+        return DuckDBEngine(repo).get_historical_features(
+            entity_rows, features, full_feature_names=full_feature_names,
+            timestamp_column=timestamp_column)
+    if engine == "spark":
+        from servelab.features.offline.spark import SparkEngine
+
+        return SparkEngine.shared(repo).get_historical_features(
+            entity_rows, features, full_feature_names=full_feature_names,
+            timestamp_column=timestamp_column)
+    raise invalid("engine", engine, "duckdb or spark", "use duckdb (embedded) or spark")

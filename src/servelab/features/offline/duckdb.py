@@ -1,0 +1,154 @@
+"""The embedded offline engine: one DuckDB query of ASOF joins, one per feature view.
+
+Per view: (if the view has a created-time column) keep the latest created row
+per key and event time, then ``ASOF LEFT JOIN`` on the join keys and
+``entity.ts >= view.ts`` — DuckDB picks the latest feature row at or before
+each entity row — and null out a match older than the view's TTL (the latest
+candidate is the only one that could be within it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from servelab.errors import InputError, StoreError
+from servelab.features.definitions import FeatureView, Repo, SourceFormat
+from servelab.features.offline import (
+    ENTITY_TS,
+    ROW,
+    check_output_names,
+    group_by_view,
+    output_name,
+    prepare_entities,
+)
+
+SQL_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "float64": "DOUBLE", "float32": "FLOAT",
+             "string": "VARCHAR", "bool": "BOOLEAN"}
+_COMPATIBLE = {
+    "int64": ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER"),
+    "int32": ("TINYINT", "SMALLINT", "INTEGER"),
+    "float64": ("FLOAT", "DOUBLE", "DECIMAL", "TINYINT", "SMALLINT", "INTEGER", "BIGINT"),
+    "float32": ("FLOAT", "DOUBLE", "DECIMAL", "TINYINT", "SMALLINT", "INTEGER", "BIGINT"),
+    "string": ("VARCHAR",),
+    "bool": ("BOOLEAN",),
+}
+_TIME_TYPES = ("TIMESTAMP", "DATE")
+
+
+def q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def source_sql(view: FeatureView) -> str:
+    """A FROM-able expression for the view's source."""
+    s = view.source
+    if s.format is SourceFormat.PARQUET:
+        return f"read_parquet({lit(s.path)})"
+    if s.format is SourceFormat.CSV:
+        return f"read_csv({lit(s.path)}, header = true)"
+    assert s.table is not None
+    return f"(SELECT * FROM src_{view.name}.{q(s.table)})"
+
+
+class DuckDBEngine:
+    def __init__(self, repo: Repo, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        self.repo = repo
+        self.con = con or duckdb.connect()
+        self.con.execute("SET TimeZone = 'UTC'")
+        self._checked: set[str] = set()
+
+    def attach(self, view: FeatureView) -> None:
+        if view.source.format is SourceFormat.DUCKDB:
+            alias = f"src_{view.name}"
+            attached = {r[0] for r in self.con.execute("SELECT database_name FROM "
+                                                       "duckdb_databases()").fetchall()}
+            if alias not in attached:
+                self.con.execute(f"ATTACH {lit(view.source.path)} AS {q(alias)} (READ_ONLY)")
+
+    def check_source(self, view: FeatureView) -> None:
+        """The source has the view's columns, with types that fit the declared ones."""
+        if view.name in self._checked:
+            return
+        self.attach(view)
+        where = f"[views.{view.name}] source {view.source.path}"
+        try:
+            cols = {r[0]: r[1] for r in self.con.execute(
+                f"DESCRIBE SELECT * FROM {source_sql(view)}").fetchall()}
+        except duckdb.Error as exc:
+            raise StoreError(f"{where}: cannot be read ({exc}); "
+                             "fix: check the path and the file's format") from exc
+        need = [(k, d) for k, d in view.key_dtypes] + list(view.features)
+        for col, dtype in need:
+            if col not in cols:
+                raise InputError(f"{where}: column {col!r} missing; expected columns "
+                                 f"{[c for c, _ in need] + [view.timestamp]}; fix: add it to "
+                                 "the source or correct the view's definition")
+            base = cols[col].split("(")[0]
+            if base not in _COMPATIBLE[dtype]:
+                raise InputError(f"{where}: column {col!r} has type {cols[col]}; expected "
+                                 f"{dtype}; fix: cast it in the source or declare its type")
+        for col in (view.timestamp, view.created):
+            if col is None:
+                continue
+            if col not in cols:
+                raise InputError(f"{where}: timestamp column {col!r} missing; expected one of "
+                                 f"{sorted(cols)}; fix: set the view's timestamp/created names")
+            if not cols[col].startswith(_TIME_TYPES):
+                raise InputError(f"{where}: column {col!r} has type {cols[col]}; expected a "
+                                 "timestamp; fix: store event times as timestamps")
+        self._checked.add(view.name)
+
+    def view_sql(self, view: FeatureView, features: list[str]) -> str:
+        keys = ", ".join(q(k) for k in view.join_keys)
+        cols = ", ".join(q(f) for f in features)
+        created = (f"CAST({q(view.created)} AS TIMESTAMPTZ)" if view.created
+                   else "NULL::TIMESTAMPTZ")
+        inner = (f"SELECT {keys}, CAST({q(view.timestamp)} AS TIMESTAMPTZ) AS __ts, "
+                 f"{created} AS __cr, {cols} FROM {source_sql(view)}")
+        if view.created:
+            inner += (f" QUALIFY row_number() OVER (PARTITION BY {keys}, __ts "
+                      "ORDER BY __cr DESC) = 1")
+        return inner
+
+    def get_historical_features(self, entity_rows: Any, features: list[str], *,
+                                full_feature_names: bool = False,
+                                timestamp_column: str = ENTITY_TS) -> pa.Table:
+        pairs = self.repo.resolve(features)
+        views = group_by_view(pairs)
+        table = prepare_entities(entity_rows, [v for v, _ in views.values()], timestamp_column)
+        entity_cols = [c for c in table.column_names if c != ROW]
+        check_output_names(pairs, full_feature_names, entity_cols)
+        for view, _ in views.values():
+            self.check_source(view)
+        self.con.register("__entities", table)
+        ets = f"e.{q(timestamp_column)}"
+        ctes, joins, select = [], [], []
+        for i, (view, feats) in enumerate(views.values()):
+            alias = f"v{i}"
+            ctes.append(f"{alias} AS ({self.view_sql(view, feats)})")
+            on = " AND ".join(f"e.{q(k)} = {alias}.{q(k)}" for k in view.join_keys)
+            joins.append(f"ASOF LEFT JOIN {alias} ON {on} AND {ets} >= {alias}.__ts")
+            for f in feats:
+                value = f"CAST({alias}.{q(f)} AS {SQL_TYPES[view.dtype(f)]})"
+                if view.ttl_s:
+                    us = round(view.ttl_s * 1e6)
+                    value = (f"CASE WHEN {alias}.__ts >= {ets} - to_microseconds({us}) "
+                             f"THEN {value} END")
+                select.append(f"{value} AS {q(output_name(view, f, full_feature_names))}")
+        sql = (f"WITH {', '.join(ctes)} SELECT {', '.join('e.' + q(c) for c in entity_cols)}, "
+               f"{', '.join(select)} FROM __entities e {' '.join(joins)} ORDER BY e.{q(ROW)}")
+        try:
+            out = self.con.sql(sql).to_arrow_table()
+        except duckdb.BinderException as exc:
+            raise InputError(f"entity rows: a join key's type does not match the source ({exc})"
+                             "; fix: give join keys the entity's declared dtype") from exc
+        finally:
+            self.con.unregister("__entities")
+        return out

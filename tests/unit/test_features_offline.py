@@ -1,0 +1,79 @@
+"""One point-in-time contract, every offline engine, against the pandas reference."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from servelab.errors import InputError
+from servelab.features.definitions import load_repo
+from servelab.features.offline import get_historical_features
+from tests.reference.pit_reference import point_in_time
+from tests.unit.features_data import make_repo, reference_views
+
+ENGINES = ["duckdb", pytest.param("spark", marks=pytest.mark.spark)]
+
+
+def frames_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    assert list(got.columns) == list(want.columns)
+    assert len(got) == len(want)
+    for col in got.columns:
+        g, w = got[col].tolist(), want[col].tolist()
+        for i, (a, b) in enumerate(zip(g, w, strict=True)):
+            if pd.isna(b):
+                assert pd.isna(a), (col, i, a, b)
+            else:
+                assert a == b, (col, i, a, b)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_reference(tmp_path, engine, seed):
+    root, users, merchants, ent = make_repo(tmp_path, seed)
+    repo = load_repo(root)
+    feats = ["user_stats:txn_count", "user_stats:avg_amount", "merchant_risk:risk",
+             "merchant_risk:category"]
+    got = get_historical_features(repo, ent, feats, engine=engine).to_pandas()
+    want = point_in_time(ent, "event_timestamp",
+                         reference_views(users, merchants, ["txn_count", "avg_amount"],
+                                         ["risk", "category"]))
+    frames_equal(got, want)
+    # The cases the contract names are all present in the data.
+    assert got["txn_count"].isna().any()
+    assert got["txn_count"].notna().any()
+    assert len(got) == len(ent)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_full_names_services_and_csv(tmp_path, engine):
+    root, users, merchants, ent = make_repo(tmp_path, 3, n_entities=80, fmt="csv")
+    repo = load_repo(root)
+    got = get_historical_features(repo, ent, ["service:fraud"], engine=engine,
+                                  full_feature_names=True).to_pandas()
+    assert list(got.columns) == ["user_id", "merchant_id", "event_timestamp",
+                                 "user_stats__txn_count", "merchant_risk__risk"]
+    want = point_in_time(ent, "event_timestamp",
+                         reference_views(users, merchants, ["txn_count"], ["risk"]),
+                         full_names=True)
+    frames_equal(got, want)
+
+
+def test_clear_errors(tmp_path):
+    root, _, _, ent = make_repo(tmp_path, 0, n_entities=80)
+    repo = load_repo(root)
+    with pytest.raises(InputError, match="join key 'merchant_id', needed by view"):
+        get_historical_features(repo, ent.drop(columns=["merchant_id"]),
+                                ["merchant_risk:risk"])
+    with pytest.raises(InputError, match="'event_timestamp' column"):
+        get_historical_features(repo, ent.drop(columns=["event_timestamp"]),
+                                ["user_stats:txn_count"])
+    with pytest.raises(InputError, match="did you mean 'txn_count'"):
+        get_historical_features(repo, ent, ["user_stats:txn_cnt"])
+    with pytest.raises(InputError, match="did you mean 'user_stats'"):
+        get_historical_features(repo, ent, ["user_stat:txn_count"])
+    # A source whose column has the wrong type.
+    bad = pd.read_parquet(root / "data/user_stats.parquet")
+    bad["txn_count"] = bad["txn_count"].astype(str)
+    bad.to_parquet(root / "data/user_stats.parquet")
+    with pytest.raises(InputError, match="column 'txn_count' has type VARCHAR; expected int64"):
+        get_historical_features(load_repo(root), ent, ["user_stats:txn_count"])
