@@ -94,9 +94,7 @@ class DuckDBEngine:
             if base not in _COMPATIBLE[dtype]:
                 raise InputError(f"{where}: column {col!r} has type {cols[col]}; expected "
                                  f"{dtype}; fix: cast it in the source or declare its type")
-        for col in (view.timestamp, view.created):
-            if col is None:
-                continue
+        for col in [c for c in (view.timestamp, view.created) if c is not None]:
             if col not in cols:
                 raise InputError(f"{where}: timestamp column {col!r} missing; expected one of "
                                  f"{sorted(cols)}; fix: set the view's timestamp/created names")
