@@ -1,0 +1,114 @@
+"""The production online store: one Redis hash per entity and view.
+
+Key ``{project}:{view}:{entity_key}``; fields ``_ts`` and ``_cr`` (event and
+created time, microseconds) and one per feature (a null is an absent field).
+Newer-wins runs in one Lua script per row, so it is atomic; a batch of rows is
+one pipeline, a batch read one pipeline of HMGETs (one round trip). Every
+socket has a timeout, so an unreachable server is a clear error, not a hang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from servelab.errors import StoreError
+from servelab.features.definitions import FeatureView
+from servelab.features.online import OnlineRow, OnlineValue, decode, entity_key, status_of
+
+# KEYS[1] = hash; ARGV = ts, created, n_set, field1, value1, ..., then fields to delete.
+_NEWER_WINS = """
+local cur = redis.call('HMGET', KEYS[1], '_ts', '_cr')
+if cur[1] then
+  local ts, cr = tonumber(cur[1]), tonumber(cur[2] or '0')
+  local nts, ncr = tonumber(ARGV[1]), tonumber(ARGV[2])
+  if nts < ts or (nts == ts and ncr <= cr) then return 0 end
+end
+local n = tonumber(ARGV[3])
+local set = {'_ts', ARGV[1], '_cr', ARGV[2]}
+for i = 4, 3 + 2 * n do set[#set + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(set))
+if #ARGV > 3 + 2 * n then
+  local del = {}
+  for i = 4 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
+  redis.call('HDEL', KEYS[1], unpack(del))
+end
+return 1
+"""
+
+
+def _encode(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+class RedisStore:
+    def __init__(self, url: str, project: str, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.prefix = f"{project}:"
+        self.client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                           socket_timeout=timeout_s)
+        self._script = self.client.register_script(_NEWER_WINS)
+        self._guard(self.client.ping)
+
+    def _guard(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreError(f"[project] redis_url = {self.url!r}: Redis unreachable ({exc}); "
+                             "fix: start redis-server or correct redis_url") from exc
+        except redis.RedisError as exc:
+            raise StoreError(f"online store redis {self.url}: {exc}; fix: check the server"
+                             ) from exc
+
+    def _key(self, view: FeatureView, key: tuple[Any, ...]) -> str:
+        return f"{self.prefix}{view.name}:{entity_key(key)}"
+
+    def apply(self, views: list[FeatureView]) -> None:
+        self._guard(self.client.ping)  # hashes need no schema; check the server is there
+
+    def write(self, view: FeatureView, rows: list[OnlineRow]) -> tuple[int, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for r in rows:
+            present = [(f, v) for f, v in r.values.items() if v is not None]
+            absent = [f for f, v in r.values.items() if v is None]
+            args: list[Any] = [r.event_ts_us, r.created_ts_us, len(present)]
+            for f, v in present:
+                args += [f, _encode(v)]
+            args += absent
+            self._script(keys=[self._key(view, r.key)], args=args, client=pipe)
+        results = self._guard(pipe.execute)
+        written = sum(int(x) for x in results)
+        return written, len(rows) - written
+
+    def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+             now_us: int) -> list[OnlineValue]:
+        pipe = self.client.pipeline(transaction=False)
+        fields = ["_ts", *features]
+        for k in keys:
+            pipe.hmget(self._key(view, k), fields)
+        replies = self._guard(pipe.execute)
+        dtypes = [view.dtype(f) for f in features]
+        out = []
+        for reply in replies:
+            ts = int(reply[0]) if reply[0] is not None else None
+            status = status_of(view, ts, now_us)
+            if status.value != "present":
+                out.append(OnlineValue(dict.fromkeys(features), status, ts))
+            else:
+                out.append(OnlineValue(
+                    {f: decode(t, v) for f, t, v in zip(features, dtypes, reply[1:],
+                                                         strict=True)}, status, ts))
+        return out
+
+    def get_meta(self, name: str) -> str | None:
+        v = self._guard(self.client.hget, f"{self.prefix}_meta", name)
+        return None if v is None else v.decode()
+
+    def set_meta(self, name: str, value: str) -> None:
+        self._guard(self.client.hset, f"{self.prefix}_meta", name, value)
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,120 @@
+"""The embedded online store: one SQLite table per view, keyed by the entity key.
+
+Newer-wins is a single UPSERT whose update only fires when the incoming row is
+newer (a later event time, or the same one with a later created time; the same
+version again is skipped), so it holds under concurrent writers too (unlike Feast's SQLite store,
+which lets an older write replace a newer one).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from servelab.errors import StoreError
+from servelab.features.definitions import FeatureView
+from servelab.features.online import OnlineRow, OnlineValue, decode, entity_key, status_of
+
+_SQL_TYPES = {"int64": "INTEGER", "int32": "INTEGER", "float64": "REAL", "float32": "REAL",
+              "string": "TEXT", "bool": "INTEGER"}
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class SQLiteStore:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.con = sqlite3.connect(path, timeout=10.0, isolation_level=None,
+                                       check_same_thread=False)
+            self.con.execute("PRAGMA journal_mode=WAL")
+            self.con.execute("PRAGMA synchronous=NORMAL")
+            self.con.execute("CREATE TABLE IF NOT EXISTS _servelab_meta "
+                             "(name TEXT PRIMARY KEY, value TEXT)")
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"[project] sqlite_path = {path!r}: cannot open ({exc}); "
+                             "fix: choose a writable path") from exc
+        self._read_sql: dict[tuple[str, tuple[str, ...], int], str] = {}
+
+    def apply(self, views: list[FeatureView]) -> None:
+        for v in views:
+            cols = ", ".join(f"{_q(f)} {_SQL_TYPES[t]}" for f, t in v.features)
+            self.con.execute(f"CREATE TABLE IF NOT EXISTS {_q(v.name)} (entity_key TEXT PRIMARY "
+                             f"KEY, event_ts INTEGER NOT NULL, created_ts INTEGER NOT NULL, "
+                             f"{cols})")
+            have = {r[1] for r in self.con.execute(f"PRAGMA table_info({_q(v.name)})")}
+            for f, t in v.features:  # a feature added to a view later
+                if f not in have:
+                    self.con.execute(f"ALTER TABLE {_q(v.name)} ADD COLUMN {_q(f)} "
+                                     f"{_SQL_TYPES[t]}")
+
+    def write(self, view: FeatureView, rows: list[OnlineRow]) -> tuple[int, int]:
+        feats = view.feature_names
+        cols = ", ".join(_q(f) for f in feats)
+        marks = ", ".join("?" for _ in feats)
+        sets = ", ".join(f"{_q(f)} = excluded.{_q(f)}" for f in feats)
+        sql = (f"INSERT INTO {_q(view.name)} (entity_key, event_ts, created_ts, {cols}) "
+               f"VALUES (?, ?, ?, {marks}) ON CONFLICT(entity_key) DO UPDATE SET "
+               f"event_ts = excluded.event_ts, created_ts = excluded.created_ts, {sets} "
+               f"WHERE excluded.event_ts > {_q(view.name)}.event_ts OR "
+               f"(excluded.event_ts = {_q(view.name)}.event_ts AND "
+               f"excluded.created_ts > {_q(view.name)}.created_ts)")
+        before = self.con.total_changes
+        try:
+            self.con.execute("BEGIN")
+            self.con.executemany(sql, [
+                (entity_key(r.key), r.event_ts_us, r.created_ts_us,
+                 *(r.values.get(f) for f in feats)) for r in rows])
+            self.con.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self.con.execute("ROLLBACK")
+            raise StoreError(f"online store sqlite {self.path}: write to {view.name!r} failed "
+                             f"({exc}); fix: run `servelab features apply` first") from exc
+        written = self.con.total_changes - before
+        return written, len(rows) - written
+
+    def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+             now_us: int) -> list[OnlineValue]:
+        cache_key = (view.name, tuple(features), len(keys))
+        sql = self._read_sql.get(cache_key)
+        if sql is None:
+            cols = ", ".join(_q(f) for f in features)
+            marks = ", ".join("?" for _ in keys)
+            sql = (f"SELECT entity_key, event_ts, {cols} FROM {_q(view.name)} "
+                   f"WHERE entity_key IN ({marks})")
+            self._read_sql[cache_key] = sql
+        stored = [entity_key(k) for k in keys]
+        try:
+            found = {r[0]: r for r in self.con.execute(sql, stored)}
+        except sqlite3.Error as exc:
+            raise StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
+                             f"({exc}); fix: run `servelab features apply`") from exc
+        dtypes = [view.dtype(f) for f in features]
+        out = []
+        for k in stored:
+            row = found.get(k)
+            status = status_of(view, row[1] if row else None, now_us)
+            if row is None or status.value != "present":
+                out.append(OnlineValue(dict.fromkeys(features), status,
+                                       row[1] if row else None))
+            else:
+                out.append(OnlineValue(
+                    {f: decode(t, v) for f, t, v in zip(features, dtypes, row[2:], strict=True)},
+                    status, row[1]))
+        return out
+
+    def get_meta(self, name: str) -> str | None:
+        row = self.con.execute("SELECT value FROM _servelab_meta WHERE name = ?",
+                               (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, name: str, value: str) -> None:
+        self.con.execute("INSERT INTO _servelab_meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE "
+                         "SET value = excluded.value", (name, value))
+
+    def close(self) -> None:
+        self.con.close()
