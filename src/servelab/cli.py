@@ -196,6 +196,10 @@ kv_app = typer.Typer(help="LLM KV cache: sizing, pool capacity, paged vs contigu
                      invoke_without_command=True, no_args_is_help=False)
 app.add_typer(kv_app, name="kv")
 
+from servelab.features.cli import app as features_app  # noqa: E402
+
+app.add_typer(features_app, name="features")
+
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]
 KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype",
                                                 help="auto, fp16, bf16, fp8, int8, int4.")]

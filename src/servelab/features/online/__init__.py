@@ -100,3 +100,43 @@ def open_store(repo: Repo, kind: str | None = None) -> OnlineStore:
         return RedisStore(repo.config.redis_url, repo.config.name,
                           timeout_s=repo.config.redis_timeout_s)
     raise invalid("online store", kind, "sqlite or redis", "use sqlite (embedded) or redis")
+
+
+def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
+                        entities: dict[str, list[Any]], now_us: int,
+                        full_feature_names: bool = False) -> dict[str, list[Any]]:
+    """Feature values for entity rows given as columns (join key -> values), one batch read
+    per view; each feature column comes with a `<name>__status` column."""
+    pairs = repo.resolve(features)
+    n = len(next(iter(entities.values()), []))
+    if any(len(v) != n for v in entities.values()):
+        raise invalid("entities", {k: len(v) for k, v in entities.items()},
+                      "the same number of values for every join key",
+                      "give one value per entity row for each key")
+    out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
+    by_view: dict[str, tuple[FeatureView, list[str]]] = {}
+    for view, feat in pairs:
+        by_view.setdefault(view.name, (view, []))[1].append(feat)
+    for view, feats in by_view.values():
+        missing = [k for k in view.join_keys if k not in entities]
+        if missing:
+            raise invalid("entities", sorted(entities), f"join keys {missing} for view "
+                          f"{view.name!r}", f"add e.g. --entity {missing[0]}=1")
+        keys = [tuple(_as_key(view, k, entities[k][i]) for k in view.join_keys)
+                for i in range(n)]
+        got = store.read(view, keys, feats, now_us)
+        for f in feats:
+            name = f"{view.name}__{f}" if full_feature_names else f
+            out[name] = [g.values[f] for g in got]
+            out[f"{name}__status"] = [g.status.value for g in got]
+    return out
+
+
+def _as_key(view: FeatureView, key: str, value: Any) -> Any:
+    """A join-key value in its declared type (so "5" typed on a command line finds 5)."""
+    dtype = dict(view.key_dtypes)[key]
+    try:
+        return int(value) if dtype.startswith("int") else str(value)
+    except (TypeError, ValueError):
+        raise invalid(f"entity {key}", value, f"a {dtype} value", f"give {key} as a number"
+                      ) from None
