@@ -83,6 +83,6 @@ def test_unreachable_redis_is_a_clear_error_not_a_hang():
     from servelab.features.online.redis import RedisStore
 
     t0 = time.monotonic()
-    with pytest.raises(StoreError, match="Redis unreachable.*fix: start redis-server"):
+    with pytest.raises(StoreError, match=r"Redis unreachable.*fix: start redis-server"):
         RedisStore("redis://127.0.0.1:1/0", "p", timeout_s=0.5)
     assert time.monotonic() - t0 < 5

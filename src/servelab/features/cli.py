@@ -72,8 +72,9 @@ def apply(repo: RepoOpt = Path("."), store: StoreOpt = None, as_json: JsonOpt = 
     s = open_store(r, store)
     s.apply(list(r.views.values()))
     s.close()
-    summary = [{"view": v.name, "entities": list(v.entities), "features": len(v.features),
-                "ttl_s": v.ttl_s, "source": v.source.path} for v in r.views.values()]
+    summary: list[dict[str, Any]] = [
+        {"view": v.name, "entities": list(v.entities), "features": len(v.features),
+         "ttl_s": v.ttl_s, "source": v.source.path} for v in r.views.values()]
     if as_json:
         _emit({"project": r.config.name, "views": summary,
                "services": sorted(r.services), "online": store or r.config.online})
@@ -101,10 +102,11 @@ def materialize_cmd(
 ) -> None:
     """Copy the latest offline rows of a window into the online store (idempotent)."""
     r = load_repo(repo)
-    chosen = [v.strip() for v in views.split(",")] if views else None
-    for v in chosen or []:
-        if v not in r.views:
-            raise invalid("--views", v, f"one of {', '.join(r.views)}", "check the view name")
+    chosen = [name.strip() for name in views.split(",")] if views else None
+    for name in chosen or []:
+        if name not in r.views:
+            raise invalid("--views", name, f"one of {', '.join(r.views)}",
+                          "check the view name")
     s = open_store(r, store)
     with Progress(TextColumn("materializing {task.description}"), BarColumn(),
                   TextColumn("{task.completed:,}/{task.total:,}"), console=stderr,
@@ -142,7 +144,8 @@ def _parse_entities(specs: list[str]) -> dict[str, list[Any]]:
     for spec in specs:
         key, sep, values = spec.partition("=")
         if not sep or not values:
-            raise invalid("--entity", spec, "key=value[,value...]", "write e.g. --entity user_id=1,2")
+            raise invalid("--entity", spec, "key=value[,value...]",
+                          "write e.g. --entity user_id=1,2")
         out[key.strip()] = [v.strip() for v in values.split(",")]
     if not out:
         raise invalid("--entity", None, "at least one key=values", "add --entity user_id=1,2")

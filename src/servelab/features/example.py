@@ -37,7 +37,18 @@ source = "data/user_stats.parquet"
 timestamp = "event_ts"
 created = "created_ts"
 ttl_s = 172800              # two days: a snapshot older than that is not served
-features = {{ txn_count_1d = "int64", txn_count_7d = "int64", txn_count_30d = "int64", avg_amount_7d = "float64", max_amount_7d = "float64", distinct_merchants_7d = "int64", failed_logins_1d = "int64", days_since_signup = "int64", country = "string", chargebacks_90d = "int64" }}
+
+[views.user_stats.features]
+txn_count_1d = "int64"
+txn_count_7d = "int64"
+txn_count_30d = "int64"
+avg_amount_7d = "float64"
+max_amount_7d = "float64"
+distinct_merchants_7d = "int64"
+failed_logins_1d = "int64"
+days_since_signup = "int64"
+country = "string"
+chargebacks_90d = "int64"
 
 [views.merchant_risk]
 entities = ["merchant"]
@@ -46,7 +57,8 @@ timestamp = "event_ts"
 features = {{ risk_score = "float64", chargeback_rate_30d = "float64", category = "string" }}
 
 [services.fraud_model_v1]
-features = ["user_stats:txn_count_7d", "user_stats:avg_amount_7d", "user_stats:failed_logins_1d", "merchant_risk:risk_score"]
+features = ["user_stats:txn_count_7d", "user_stats:avg_amount_7d",
+            "user_stats:failed_logins_1d", "merchant_risk:risk_score"]
 """
 
 START = np.datetime64("2024-05-01T00:00:00", "us")
