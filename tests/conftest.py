@@ -38,34 +38,9 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def redis_url():  # type: ignore[no-untyped-def]
     """A real redis-server on a free loopback port, started for the tests and stopped after."""
-    import shutil
-    import socket
-    import subprocess
-    import tempfile
-    import time
+    from tests.services import redis_server
 
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workdir = tempfile.mkdtemp(prefix="servelab-redis-")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", workdir],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(workdir, ignore_errors=True)
+    with redis_server() as url:
+        if url is None:
+            pytest.skip("redis-server is not installed (apt-get install redis-server)")
+        yield url

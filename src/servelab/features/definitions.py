@@ -68,7 +68,10 @@ class FeatureView:
         return tuple(f for f, _ in self.features)
 
     def dtype(self, feature: str) -> str:
-        return dict(self.features)[feature]
+        for name, dtype in self.features:
+            if name == feature:
+                return dtype
+        raise KeyError(feature)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from servelab.errors import invalid
 from servelab.features.definitions import FeatureView, Repo
@@ -36,8 +36,9 @@ class OnlineRow:
     values: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class OnlineValue:
+class OnlineValue(NamedTuple):
+    """One entity's values from one view (a tuple: reads build many of them)."""
+
     values: dict[str, Any]  # feature -> value (None unless present)
     status: Status
     event_ts_us: int | None
@@ -45,6 +46,8 @@ class OnlineValue:
 
 def entity_key(key: tuple[Any, ...]) -> str:
     """The stored form of a join-key tuple: compact JSON, the same on every store."""
+    if all(type(k) is int for k in key):  # the common case, built without the JSON encoder
+        return "[" + ",".join(map(str, key)) + "]"
     return json.dumps(list(key), separators=(",", ":"))
 
 
@@ -56,18 +59,35 @@ def status_of(view: FeatureView, event_ts_us: int | None, now_us: int) -> Status
     return Status.PRESENT
 
 
-def decode(dtype: str, raw: Any) -> Any:
-    if raw is None:
-        return None
-    if isinstance(raw, bytes):
-        raw = raw.decode()
-    if dtype.startswith("int"):
-        return int(raw)
-    if dtype.startswith("float"):
-        return float(raw)
+def _to_str(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _to_bool(raw: Any) -> bool:
+    return raw in (b"1", "1", 1, True)
+
+
+def _keep(raw: Any) -> Any:
+    return raw
+
+
+def converter(dtype: str, typed: bool = False) -> Any:
+    """How to turn a stored value back into the feature's type. `typed` stores (SQLite)
+    already hand back ints, floats and strings; Redis hands back bytes, which int() and
+    float() parse directly."""
     if dtype == "bool":
-        return raw in ("1", 1, True, "True", "true")
-    return str(raw)
+        return _to_bool
+    if typed:
+        return _keep
+    if dtype.startswith("int"):
+        return int
+    if dtype.startswith("float"):
+        return float
+    return _to_str
+
+
+def decode(dtype: str, raw: Any) -> Any:
+    return None if raw is None else converter(dtype)(raw)
 
 
 class OnlineStore(Protocol):

@@ -15,7 +15,13 @@ import redis
 
 from servelab.errors import StoreError
 from servelab.features.definitions import FeatureView
-from servelab.features.online import OnlineRow, OnlineValue, decode, entity_key, status_of
+from servelab.features.online import (
+    OnlineRow,
+    OnlineValue,
+    Status,
+    converter,
+    entity_key,
+)
 
 # KEYS[1] = hash; ARGV = ts, created, n_set, field1, value1, ..., then fields to delete.
 _NEWER_WINS = """
@@ -87,20 +93,25 @@ class RedisStore:
              now_us: int) -> list[OnlineValue]:
         pipe = self.client.pipeline(transaction=False)
         fields = ["_ts", *features]
+        prefix = f"{self.prefix}{view.name}:"
         for k in keys:
-            pipe.hmget(self._key(view, k), fields)
+            pipe.hmget(prefix + entity_key(k), fields)
         replies = self._guard(pipe.execute)
-        dtypes = [view.dtype(f) for f in features]
+        convs = [converter(view.dtype(f)) for f in features]
+        oldest = now_us - round(view.ttl_s * 1e6) if view.ttl_s else None
         out = []
         for reply in replies:
-            ts = int(reply[0]) if reply[0] is not None else None
-            status = status_of(view, ts, now_us)
-            if status.value != "present":
-                out.append(OnlineValue(dict.fromkeys(features), status, ts))
+            if reply[0] is None:
+                out.append(OnlineValue(dict.fromkeys(features), Status.MISSING, None))
+                continue
+            ts = int(reply[0])
+            if oldest is not None and ts < oldest:
+                out.append(OnlineValue(dict.fromkeys(features), Status.EXPIRED, ts))
             else:
                 out.append(OnlineValue(
-                    {f: decode(t, v) for f, t, v in zip(features, dtypes, reply[1:],
-                                                         strict=True)}, status, ts))
+                    {f: None if v is None else c(v)
+                     for f, c, v in zip(features, convs, reply[1:], strict=True)},
+                    Status.PRESENT, ts))
         return out
 
     def get_meta(self, name: str) -> str | None:

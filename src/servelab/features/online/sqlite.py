@@ -14,7 +14,14 @@ from typing import Any
 
 from servelab.errors import StoreError
 from servelab.features.definitions import FeatureView
-from servelab.features.online import OnlineRow, OnlineValue, decode, entity_key, status_of
+from servelab.features.online import (
+    OnlineRow,
+    OnlineValue,
+    Status,
+    _keep,
+    converter,
+    entity_key,
+)
 
 _SQL_TYPES = {"int64": "INTEGER", "int32": "INTEGER", "float64": "REAL", "float32": "REAL",
               "string": "TEXT", "bool": "INTEGER"}
@@ -22,6 +29,12 @@ _SQL_TYPES = {"int64": "INTEGER", "int32": "INTEGER", "float64": "REAL", "float3
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def _absent(features: list[str], row: Any, oldest: int) -> OnlineValue:
+    if row is None:
+        return OnlineValue(dict.fromkeys(features), Status.MISSING, None)
+    return OnlineValue(dict.fromkeys(features), Status.EXPIRED, row[1])
 
 
 class SQLiteStore:
@@ -38,7 +51,7 @@ class SQLiteStore:
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"[project] sqlite_path = {path!r}: cannot open ({exc}); "
                              "fix: choose a writable path") from exc
-        self._read_sql: dict[tuple[str, tuple[str, ...], int], str] = {}
+        self._plans: dict[tuple[str, tuple[str, ...], int], Any] = {}
 
     def apply(self, views: list[FeatureView]) -> None:
         for v in views:
@@ -79,33 +92,34 @@ class SQLiteStore:
 
     def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
              now_us: int) -> list[OnlineValue]:
-        cache_key = (view.name, tuple(features), len(keys))
-        sql = self._read_sql.get(cache_key)
-        if sql is None:
+        plan_key = (view.name, tuple(features), len(keys))
+        plan = self._plans.get(plan_key)
+        if plan is None:  # the SQL and converters for this shape of read, built once
             cols = ", ".join(_q(f) for f in features)
             marks = ", ".join("?" for _ in keys)
             sql = (f"SELECT entity_key, event_ts, {cols} FROM {_q(view.name)} "
                    f"WHERE entity_key IN ({marks})")
-            self._read_sql[cache_key] = sql
+            convs = [converter(view.dtype(f), typed=True) for f in features]
+            plan = (sql, convs, all(c is _keep for c in convs))
+            self._plans[plan_key] = plan
+        sql, convs, plain = plan
         stored = [entity_key(k) for k in keys]
         try:
             found = {r[0]: r for r in self.con.execute(sql, stored)}
         except sqlite3.Error as exc:
             raise StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
                              f"({exc}); fix: run `servelab features apply`") from exc
-        dtypes = [view.dtype(f) for f in features]
-        out = []
-        for k in stored:
-            row = found.get(k)
-            status = status_of(view, row[1] if row else None, now_us)
-            if row is None or status.value != "present":
-                out.append(OnlineValue(dict.fromkeys(features), status,
-                                       row[1] if row else None))
-            else:
-                out.append(OnlineValue(
-                    {f: decode(t, v) for f, t, v in zip(features, dtypes, row[2:], strict=True)},
-                    status, row[1]))
-        return out
+        oldest = now_us - round(view.ttl_s * 1e6) if view.ttl_s else -(2**63)
+        get, present = found.get, Status.PRESENT
+        if plain:  # the hot path: every value comes back typed already
+            return [OnlineValue(dict(zip(features, row[2:], strict=False)), present, row[1])
+                    if (row := get(k)) is not None and row[1] >= oldest
+                    else _absent(features, row, oldest) for k in stored]
+        return [OnlineValue({f: None if v is None else c(v)
+                             for f, c, v in zip(features, convs, row[2:], strict=True)},
+                            present, row[1])
+                if (row := get(k)) is not None and row[1] >= oldest
+                else _absent(features, row, oldest) for k in stored]
 
     def get_meta(self, name: str) -> str | None:
         row = self.con.execute("SELECT value FROM _servelab_meta WHERE name = ?",

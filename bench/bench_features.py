@@ -1,0 +1,242 @@
+"""The feature store against the alternatives, side by side on the same generated data.
+
+1. Point-in-time join: 1M entity rows over two views of 2M rows each (one with a
+   TTL): servelab's DuckDB engine vs a hand-written DuckDB ASOF JOIN vs pandas
+   merge_asof. All three must give the same values. Target: within 1.3x of the
+   raw ASOF join.
+2. Online reads of 10 features for 1 and for 100 entities: servelab's stores vs
+   raw sqlite3 (the same SELECT) and raw redis-py pipelined HMGET. Target:
+   within 1.5x of the raw store.
+3. Materialization rows per second into SQLite and Redis.
+
+    python bench/bench_features.py [--entities 1000000] [--rows 2000000] [--reads 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.services import redis_server
+
+from servelab.features.definitions import load_repo
+from servelab.features.example import generate
+from servelab.features.materialize import materialize, to_us
+from servelab.features.offline import get_historical_features
+from servelab.features.online import entity_key, open_store
+
+DAY_US = 86_400_000_000
+TTL_S = 3 * 86_400
+
+REPO = """
+[project]
+name = "bench"
+[entities.user]
+join_keys = ["user_id"]
+[entities.merchant]
+join_keys = ["merchant_id"]
+[views.user_stats]
+entities = ["user"]
+source = "user_stats.parquet"
+timestamp = "ts"
+ttl_s = {ttl}
+features = {{ u1 = "float64", u2 = "int64" }}
+[views.merchant_stats]
+entities = ["merchant"]
+source = "merchant_stats.parquet"
+timestamp = "ts"
+features = {{ m1 = "float64" }}
+"""
+
+
+def best(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def pit_bench(root: Path, n_entities: int, n_rows: int, repeat: int) -> None:
+    rng = np.random.default_rng(0)
+    start = np.datetime64("2024-01-01T00:00:00", "us")
+    span = 60 * DAY_US
+    users, merchants = 100_000, 20_000
+    # Unique (key, ts) per view, so "the latest row" is one row and all three agree.
+    pq.write_table(pa.table({
+        "user_id": rng.integers(1, users + 1, n_rows),
+        "ts": start + rng.choice(span, n_rows, replace=False),
+        "u1": rng.random(n_rows), "u2": rng.integers(0, 1000, n_rows)}),
+        root / "user_stats.parquet")
+    pq.write_table(pa.table({
+        "merchant_id": rng.integers(1, merchants + 1, n_rows),
+        "ts": start + rng.choice(span, n_rows, replace=False),
+        "m1": rng.random(n_rows)}), root / "merchant_stats.parquet")
+    entities = pa.table({
+        "user_id": rng.integers(1, users + 1, n_entities),
+        "merchant_id": rng.integers(1, merchants + 1, n_entities),
+        "event_timestamp": pa.array(start + rng.integers(0, span, n_entities)).cast(
+            pa.timestamp("us", tz="UTC"))})
+    (root / "feature_repo.toml").write_text(REPO.format(ttl=TTL_S))
+    repo = load_repo(root)
+    feats = ["user_stats:u1", "user_stats:u2", "merchant_stats:m1"]
+
+    ours: list[pa.Table] = []
+    t_ours = best(lambda: ours.append(get_historical_features(repo, entities, feats)), repeat)
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    us, ms = root / "user_stats.parquet", root / "merchant_stats.parquet"
+    raw_sql = f"""
+        WITH e AS (SELECT *, row_number() OVER () AS rn FROM ent),
+        u AS (SELECT user_id, CAST(ts AS TIMESTAMPTZ) AS ts, u1, u2 FROM read_parquet('{us}')),
+        m AS (SELECT merchant_id, CAST(ts AS TIMESTAMPTZ) AS ts, m1 FROM read_parquet('{ms}'))
+        SELECT e.user_id, e.merchant_id, e.event_timestamp,
+               CASE WHEN u.ts >= e.event_timestamp - INTERVAL {TTL_S} SECOND THEN u.u1 END AS u1,
+               CASE WHEN u.ts >= e.event_timestamp - INTERVAL {TTL_S} SECOND THEN u.u2 END AS u2,
+               m.m1
+        FROM e ASOF LEFT JOIN u ON e.user_id = u.user_id AND e.event_timestamp >= u.ts
+               ASOF LEFT JOIN m ON e.merchant_id = m.merchant_id AND e.event_timestamp >= m.ts
+        ORDER BY e.rn"""
+    raw: list[pa.Table] = []
+
+    def raw_join() -> None:
+        con.register("ent", entities)
+        raw.append(con.sql(raw_sql).to_arrow_table())
+        con.unregister("ent")
+
+    t_raw = best(raw_join, repeat)
+
+    def pandas_join() -> pd.DataFrame:
+        e = entities.to_pandas()
+        e["rn"] = np.arange(len(e))
+        e = e.sort_values("event_timestamp")
+        u = pd.read_parquet(us)
+        u["ts"] = pd.to_datetime(u["ts"]).dt.tz_localize("UTC")
+        m = pd.read_parquet(ms)
+        m["ts"] = pd.to_datetime(m["ts"]).dt.tz_localize("UTC")
+        out = pd.merge_asof(e, u.sort_values("ts"), left_on="event_timestamp", right_on="ts",
+                            by="user_id", tolerance=pd.Timedelta(seconds=TTL_S))
+        out = out.drop(columns="ts")
+        out = pd.merge_asof(out, m.sort_values("ts"), left_on="event_timestamp",
+                            right_on="ts", by="merchant_id")
+        return out.sort_values("rn").reset_index(drop=True)
+
+    pand: list[pd.DataFrame] = []
+    t_pandas = best(lambda: pand.append(pandas_join()), max(1, repeat - 1))
+
+    a, b, p = ours[-1], raw[-1], pand[-1]
+    same_raw = all(a[c].to_pylist() == b[c].to_pylist() for c in ("u1", "u2", "m1"))
+    same_pd = (np.allclose(a["u1"].to_numpy(zero_copy_only=False).astype(float),
+                           p["u1"].to_numpy(dtype=float), equal_nan=True)
+               and np.allclose(a["m1"].to_numpy(zero_copy_only=False).astype(float),
+                               p["m1"].to_numpy(dtype=float), equal_nan=True))
+    print(f"\n1. point-in-time join, {n_entities:,} entity rows x 2 views of {n_rows:,} rows "
+          f"(best of {repeat})")
+    print(f"   servelab (DuckDB engine)      {t_ours:7.2f} s")
+    print(f"   raw DuckDB ASOF JOIN          {t_raw:7.2f} s   servelab / raw = "
+          f"{t_ours / t_raw:.2f}x (target <= 1.3x)   same values: {same_raw}")
+    print(f"   pandas merge_asof             {t_pandas:7.2f} s   pandas / servelab = "
+          f"{t_pandas / t_ours:.2f}x   same values: {same_pd}")
+
+
+def percentiles(times: list[float]) -> tuple[float, float]:
+    times = sorted(times)
+    return statistics.median(times) * 1e3, times[int(0.99 * (len(times) - 1))] * 1e3
+
+
+def online_bench(root: Path, reads: int) -> None:
+    generate(root, users=20_000, merchants=500, days=30, labels=10)
+    repo = load_repo(root)
+    view = repo.views["user_stats"]
+    feats = list(view.feature_names)
+    end = datetime(2024, 5, 31, tzinfo=UTC)
+    now = to_us(end)
+    print(f"\n2. online reads of {len(feats)} features ({reads:,} reads each, p50 / p99 ms)")
+    with redis_server() as url:
+        stores = [("sqlite", None), ("redis", url)]
+        for kind, redis_url in stores:
+            if kind == "redis" and redis_url is None:
+                print("   redis: redis-server not installed, skipped")
+                continue
+            if redis_url:
+                repo = load_repo(root)
+                object.__setattr__(repo.config, "redis_url", redis_url)
+            store = open_store(repo, kind)
+            t0 = time.perf_counter()
+            summ = materialize(repo, store, end=end, views=["user_stats"])
+            t_mat = time.perf_counter() - t0
+            keys = [(u,) for u in range(1, 20_001)]
+            if kind == "sqlite":
+                con = sqlite3.connect(repo.config.sqlite_path)
+                cols = ", ".join(f'"{f}"' for f in feats)
+
+                def raw_read(batch: list[tuple[int]], con=con, cols=cols) -> None:
+                    sql = (f"SELECT entity_key, event_ts, {cols} FROM user_stats WHERE "
+                           f"entity_key IN ({', '.join('?' for _ in batch)})")
+                    con.execute(sql, [entity_key(k) for k in batch]).fetchall()
+            else:
+                client = redis.Redis.from_url(redis_url)
+                fields = ["_ts", *feats]
+
+                prefix = f"{repo.config.name}:user_stats:"
+
+                def raw_read(batch: list[tuple[int]], client=client, fields=fields,
+                             prefix=prefix) -> None:
+                    pipe = client.pipeline(transaction=False)
+                    for k in batch:
+                        pipe.hmget(prefix + entity_key(k), fields)
+                    pipe.execute()
+            for n in (1, 100):
+                ours_t, raw_t = [], []
+                for i in range(reads):
+                    batch = [keys[(i * n + j) % len(keys)] for j in range(n)]
+                    # Interleave the two, so machine noise hits both alike.
+                    t0 = time.perf_counter()
+                    store.read(view, batch, feats, now)
+                    t1 = time.perf_counter()
+                    raw_read(batch)
+                    t2 = time.perf_counter()
+                    ours_t.append(t1 - t0)
+                    raw_t.append(t2 - t1)
+                (o50, o99), (r50, r99) = percentiles(ours_t), percentiles(raw_t)
+                print(f"   {kind:6} {n:3} entities  servelab {o50:6.3f} / {o99:6.3f}   raw "
+                      f"{r50:6.3f} / {r99:6.3f}   p50 ratio {o50 / r50:.2f}x (target <= 1.5x)")
+            rate = summ.rows_read / t_mat
+            print(f"   {kind:6} materialization: {summ.rows_read:,} rows read, "
+                  f"{summ.written:,} written in {t_mat:.2f} s = {rate:,.0f} rows/s")
+            store.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--entities", type=int, default=1_000_000)
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--reads", type=int, default=2_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        pit_dir, online_dir = Path(tmp, "pit"), Path(tmp, "online")
+        pit_dir.mkdir()
+        pit_bench(pit_dir, args.entities, args.rows, args.repeat)
+        online_bench(online_dir, args.reads)
+
+
+if __name__ == "__main__":
+    main()
