@@ -107,9 +107,17 @@ def test_cli_end_to_end(tmp_path):
     p = cli("parity", "--repo", str(repo), "--json", "--fail-on-mismatch")
     assert p.returncode == 0, p.stdout
     assert json.loads(p.stdout)["ok"]
-    p = cli("bench", "--repo", str(repo), "--reads", "50", "--json")
+    scen = tmp_path / "with_fetch.toml"
+    p = cli("bench", "--repo", str(repo), "--reads", "50", "--scenario-out", str(scen),
+            "--json")
     lat = json.loads(p.stdout)["scenario_latency"]
     assert lat["feature_fetch_p99_ms"] >= lat["feature_fetch_ms"] > 0
+    # The measured fetch feeds a serving scenario's latency budget.
+    plan = subprocess.run([sys.executable, "-m", "servelab", "simulate", "--scenario",
+                           str(scen), "--num-requests", "5000", "--json"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    fetch = json.loads(plan.stdout)["latency"]["components"]["feature_fetch"]
+    assert fetch["p50_ms"] == pytest.approx(round(lat["feature_fetch_ms"], 4), rel=0.05)
 
 
 def test_cli_errors_are_one_line(tmp_path):

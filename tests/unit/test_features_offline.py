@@ -58,6 +58,16 @@ def test_full_names_services_and_csv(tmp_path, engine):
     frames_equal(got, want)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wrong_source_type_on_every_engine(tmp_path, engine):
+    root, _, _, ent = make_repo(tmp_path, 0, n_entities=80)
+    bad = pd.read_parquet(root / "data/user_stats.parquet")
+    bad["txn_count"] = bad["txn_count"].astype(str)
+    bad.to_parquet(root / "data/user_stats.parquet")
+    with pytest.raises(InputError, match=r"column 'txn_count' has type .*; expected int64"):
+        get_historical_features(load_repo(root), ent, ["user_stats:txn_count"], engine=engine)
+
+
 def test_clear_errors(tmp_path):
     root, _, _, ent = make_repo(tmp_path, 0, n_entities=80)
     repo = load_repo(root)

@@ -262,6 +262,10 @@ def bench(
     reads: Annotated[int, typer.Option(help="Timed reads per batch size.")] = 1000,
     view: Annotated[str | None, typer.Option(help="View to read (default: the one with the "
                                                   "most features).")] = None,
+    scenario: Annotated[str, typer.Option(help="Scenario to take the figures into.")] = "seed",
+    scenario_out: Annotated[Path | None, typer.Option(
+        help="Write that scenario with this store's feature fetch (p50, p99) to this file.")
+    ] = None,
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Online-read latency for 1 and 100 entities (p50, p99): a feature-fetch figure for a
@@ -294,6 +298,15 @@ def bench(
            "reads": reads, "entities_1": results[1], "entities_100": results[100],
            "scenario_latency": {"feature_fetch_ms": results[1]["p50_ms"],
                                 "feature_fetch_p99_ms": results[1]["p99_ms"]}}
+    if scenario_out is not None:
+        from servelab.api import load
+        from servelab.scenario import scenario_to_toml
+
+        sc = load(scenario, {"latency.feature_fetch_ms": round(results[1]["p50_ms"], 4),
+                             "latency.feature_fetch_p99_ms": round(
+                                 max(results[1]["p99_ms"], results[1]["p50_ms"]), 4)})
+        scenario_out.write_text(scenario_to_toml(sc))
+        out["scenario_out"] = str(scenario_out)
     if as_json:
         _emit(out)
         return
@@ -308,3 +321,6 @@ def bench(
                  f"[latency]\nfeature_fetch_ms = {results[1]['p50_ms']:.3f}\n"
                  f"feature_fetch_p99_ms = {results[1]['p99_ms']:.3f}", highlight=False,
                  markup=False)
+    if scenario_out is not None:
+        stdout.print(f"wrote {scenario_out}: try `servelab plan --scenario {scenario_out}`",
+                     highlight=False, markup=False)

@@ -28,6 +28,37 @@ SPARK_TYPES = {"int64": "bigint", "int32": "int", "float64": "double", "float32"
                "string": "string", "bool": "boolean"}
 
 
+# Spark column types that fit each declared dtype (as DuckDB's check does).
+_FITS = {
+    "int64": ("tinyint", "smallint", "int", "bigint"),
+    "int32": ("tinyint", "smallint", "int"),
+    "float64": ("float", "double", "decimal", "tinyint", "smallint", "int", "bigint"),
+    "float32": ("float", "double", "decimal", "tinyint", "smallint", "int", "bigint"),
+    "string": ("string",),
+    "bool": ("boolean",),
+}
+
+
+def check_spark_schema(view: FeatureView, feats: list[str], dtypes: dict[str, str]) -> None:
+    """The source has the view's columns with types that fit (Spark would cast silently)."""
+    where = f"[views.{view.name}] source {view.source.path}"
+    need = [*view.key_dtypes, *((f, view.dtype(f)) for f in feats)]
+    for col, dtype in need:
+        if col not in dtypes:
+            raise InputError(f"{where}: column {col!r} missing; expected columns "
+                             f"{[c for c, _ in need]}; fix: add it or correct the view")
+        if dtypes[col].split("(")[0] not in _FITS[dtype]:
+            raise InputError(f"{where}: column {col!r} has type {dtypes[col]}; expected "
+                             f"{dtype}; fix: cast it in the source or declare its type")
+    for col in [c for c in (view.timestamp, view.created) if c is not None]:
+        if col not in dtypes:
+            raise InputError(f"{where}: timestamp column {col!r} missing; expected one of "
+                             f"{sorted(dtypes)}; fix: set the view's timestamp/created names")
+        if not dtypes[col].startswith(("timestamp", "date")):
+            raise InputError(f"{where}: column {col!r} has type {dtypes[col]}; expected a "
+                             "timestamp; fix: store event times as timestamps")
+
+
 class SparkEngine:
     _sessions: ClassVar[dict[str, Any]] = {}
 
@@ -93,13 +124,7 @@ class SparkEngine:
         result = ents.select(ROW)
         for view, feats in views.values():
             src = self.source(view)
-            missing = [c for c in (*view.join_keys, view.timestamp, *feats,
-                                   *([view.created] if view.created else []))
-                       if c not in src.columns]
-            if missing:
-                raise InputError(f"[views.{view.name}] source {view.source.path}: columns "
-                                 f"{missing} missing; expected them in {src.columns}; fix: add "
-                                 "them or correct the view's definition")
+            check_spark_schema(view, feats, dict(src.dtypes))
             s = src.select(
                 *[F.col(k).alias(f"__k_{k}") for k in view.join_keys],
                 F.col(view.timestamp).cast("timestamp").alias("__ts"),
