@@ -111,6 +111,35 @@ def check_output_names(pairs: list[tuple[FeatureView, str]], full: bool,
                          "fix: ask for view__feature names (full_feature_names / --full-names)")
 
 
+def check_columns(view: FeatureView, features: list[str] | tuple[str, ...],
+                  column_types: dict[str, str], fits: dict[str, tuple[str, ...]],
+                  time_types: tuple[str, ...]) -> None:
+    """A source has the view's columns with types that fit the declared ones.
+
+    Engines would otherwise cast quietly (Spark) or fail late (DuckDB), so each
+    hands its own type names here: `fits` maps a declared dtype to the engine's
+    type names that fit it, `time_types` the prefixes of its timestamp types.
+    """
+    where = f"[views.{view.name}] source {view.source.path}"
+    need = [*view.key_dtypes, *((f, view.dtype(f)) for f in features)]
+    for col, dtype in need:
+        if col not in column_types:
+            raise InputError(f"{where}: column {col!r} missing; expected columns "
+                             f"{[c for c, _ in need] + [view.timestamp]}; fix: add it to "
+                             "the source or correct the view's definition")
+        if column_types[col].split("(")[0] not in fits[dtype]:
+            raise InputError(f"{where}: column {col!r} has type {column_types[col]}; expected "
+                             f"{dtype}; fix: cast it in the source or declare its type")
+    for col in [c for c in (view.timestamp, view.created) if c is not None]:
+        if col not in column_types:
+            raise InputError(f"{where}: timestamp column {col!r} missing; expected one of "
+                             f"{sorted(column_types)}; fix: set the view's timestamp/created "
+                             "names")
+        if not column_types[col].startswith(time_types):
+            raise InputError(f"{where}: column {col!r} has type {column_types[col]}; expected "
+                             "a timestamp; fix: store event times as timestamps")
+
+
 def arrow_type(dtype: str) -> pa.DataType:
     return DTYPES[dtype]
 

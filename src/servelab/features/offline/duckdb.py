@@ -19,6 +19,7 @@ from servelab.features.definitions import FeatureView, Repo, SourceFormat
 from servelab.features.offline import (
     ENTITY_TS,
     ROW,
+    check_columns,
     check_output_names,
     group_by_view,
     output_name,
@@ -84,23 +85,7 @@ class DuckDBEngine:
         except duckdb.Error as exc:
             raise StoreError(f"{where}: cannot be read ({exc}); "
                              "fix: check the path and the file's format") from exc
-        need = [(k, d) for k, d in view.key_dtypes] + list(view.features)
-        for col, dtype in need:
-            if col not in cols:
-                raise InputError(f"{where}: column {col!r} missing; expected columns "
-                                 f"{[c for c, _ in need] + [view.timestamp]}; fix: add it to "
-                                 "the source or correct the view's definition")
-            base = cols[col].split("(")[0]
-            if base not in _COMPATIBLE[dtype]:
-                raise InputError(f"{where}: column {col!r} has type {cols[col]}; expected "
-                                 f"{dtype}; fix: cast it in the source or declare its type")
-        for col in [c for c in (view.timestamp, view.created) if c is not None]:
-            if col not in cols:
-                raise InputError(f"{where}: timestamp column {col!r} missing; expected one of "
-                                 f"{sorted(cols)}; fix: set the view's timestamp/created names")
-            if not cols[col].startswith(_TIME_TYPES):
-                raise InputError(f"{where}: column {col!r} has type {cols[col]}; expected a "
-                                 "timestamp; fix: store event times as timestamps")
+        check_columns(view, view.feature_names, cols, _COMPATIBLE, _TIME_TYPES)
         self._checked.add(view.name)
 
     def view_sql(self, view: FeatureView, features: list[str]) -> str:

@@ -12,12 +12,13 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from servelab.errors import InputError, StoreError
+from servelab.errors import StoreError
 from servelab.features.definitions import FeatureView, Repo, SourceFormat
 from servelab.features.offline import (
     ENTITY_TS,
     ROW,
     arrow_type,
+    check_columns,
     check_output_names,
     group_by_view,
     output_name,
@@ -41,22 +42,7 @@ _FITS = {
 
 def check_spark_schema(view: FeatureView, feats: list[str], dtypes: dict[str, str]) -> None:
     """The source has the view's columns with types that fit (Spark would cast silently)."""
-    where = f"[views.{view.name}] source {view.source.path}"
-    need = [*view.key_dtypes, *((f, view.dtype(f)) for f in feats)]
-    for col, dtype in need:
-        if col not in dtypes:
-            raise InputError(f"{where}: column {col!r} missing; expected columns "
-                             f"{[c for c, _ in need]}; fix: add it or correct the view")
-        if dtypes[col].split("(")[0] not in _FITS[dtype]:
-            raise InputError(f"{where}: column {col!r} has type {dtypes[col]}; expected "
-                             f"{dtype}; fix: cast it in the source or declare its type")
-    for col in [c for c in (view.timestamp, view.created) if c is not None]:
-        if col not in dtypes:
-            raise InputError(f"{where}: timestamp column {col!r} missing; expected one of "
-                             f"{sorted(dtypes)}; fix: set the view's timestamp/created names")
-        if not dtypes[col].startswith(("timestamp", "date")):
-            raise InputError(f"{where}: column {col!r} has type {dtypes[col]}; expected a "
-                             "timestamp; fix: store event times as timestamps")
+    check_columns(view, feats, dtypes, _FITS, ("timestamp", "date"))
 
 
 class SparkEngine:
