@@ -12,6 +12,14 @@ from servelab.scenario import BatchingPolicy
 
 MS = 1_000_000  # ns
 
+# CI replays a fixed set of examples (a failure there must be reproducible from the log);
+# local runs explore new ones each time.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
+
 
 def run_ms(arrivals_ms: list[float], exec_ms: float | list[float], *, instances: int = 1,
            multipliers: list[float] | None = None, **policy: object) -> Records:
