@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from importlib import resources
 from pathlib import Path
@@ -596,9 +596,3 @@ def scenario_from_flat(flat: Mapping[str, Any], base_dir: str | Path = ".") -> S
 
 def scenario_to_toml(s: Scenario) -> str:
     return tomli_w.dumps(scenario_to_dict(s))
-
-
-def replace_section(s: Scenario, **changes: Any) -> Scenario:
-    """`dataclasses.replace` for nested sections: replace_section(s, batching=dict(...))."""
-    updates = {k: replace(getattr(s, k), **v) for k, v in changes.items()}
-    return replace(s, **updates)

@@ -51,12 +51,9 @@ def entity_key(key: tuple[Any, ...]) -> str:
     return json.dumps(list(key), separators=(",", ":"))
 
 
-def status_of(view: FeatureView, event_ts_us: int | None, now_us: int) -> Status:
-    if event_ts_us is None:
-        return Status.MISSING
-    if view.ttl_s and event_ts_us < now_us - round(view.ttl_s * 1e6):
-        return Status.EXPIRED
-    return Status.PRESENT
+def oldest_valid_us(view: FeatureView, now_us: int) -> int:
+    """The oldest event time still served at `now_us` under the view's TTL (inclusive)."""
+    return now_us - round(view.ttl_s * 1e6) if view.ttl_s else -(2**63)
 
 
 def _to_str(raw: Any) -> str:
@@ -84,10 +81,6 @@ def converter(dtype: str, typed: bool = False) -> Any:
     if dtype.startswith("float"):
         return float
     return _to_str
-
-
-def decode(dtype: str, raw: Any) -> Any:
-    return None if raw is None else converter(dtype)(raw)
 
 
 class OnlineStore(Protocol):

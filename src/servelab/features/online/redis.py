@@ -21,6 +21,7 @@ from servelab.features.online import (
     Status,
     converter,
     entity_key,
+    oldest_valid_us,
 )
 
 # KEYS[1] = hash; ARGV = ts, created, n_set, field1, value1, ..., then fields to delete.
@@ -98,14 +99,14 @@ class RedisStore:
             pipe.hmget(prefix + entity_key(k), fields)
         replies = self._guard(pipe.execute)
         convs = [converter(view.dtype(f)) for f in features]
-        oldest = now_us - round(view.ttl_s * 1e6) if view.ttl_s else None
+        oldest = oldest_valid_us(view, now_us)
         out = []
         for reply in replies:
             if reply[0] is None:
                 out.append(OnlineValue(dict.fromkeys(features), Status.MISSING, None))
                 continue
             ts = int(reply[0])
-            if oldest is not None and ts < oldest:
+            if ts < oldest:
                 out.append(OnlineValue(dict.fromkeys(features), Status.EXPIRED, ts))
             else:
                 out.append(OnlineValue(

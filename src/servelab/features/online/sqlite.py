@@ -21,6 +21,7 @@ from servelab.features.online import (
     _keep,
     converter,
     entity_key,
+    oldest_valid_us,
 )
 
 _SQL_TYPES = {"int64": "INTEGER", "int32": "INTEGER", "float64": "REAL", "float32": "REAL",
@@ -31,7 +32,7 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _absent(features: list[str], row: Any, oldest: int) -> OnlineValue:
+def _absent(features: list[str], row: Any) -> OnlineValue:
     if row is None:
         return OnlineValue(dict.fromkeys(features), Status.MISSING, None)
     return OnlineValue(dict.fromkeys(features), Status.EXPIRED, row[1])
@@ -109,17 +110,17 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
                              f"({exc}); fix: run `servelab features apply`") from exc
-        oldest = now_us - round(view.ttl_s * 1e6) if view.ttl_s else -(2**63)
+        oldest = oldest_valid_us(view, now_us)
         get, present = found.get, Status.PRESENT
         if plain:  # the hot path: every value comes back typed already
             return [OnlineValue(dict(zip(features, row[2:], strict=False)), present, row[1])
                     if (row := get(k)) is not None and row[1] >= oldest
-                    else _absent(features, row, oldest) for k in stored]
+                    else _absent(features, row) for k in stored]
         return [OnlineValue({f: None if v is None else c(v)
                              for f, c, v in zip(features, convs, row[2:], strict=True)},
                             present, row[1])
                 if (row := get(k)) is not None and row[1] >= oldest
-                else _absent(features, row, oldest) for k in stored]
+                else _absent(features, row) for k in stored]
 
     def get_meta(self, name: str) -> str | None:
         row = self.con.execute("SELECT value FROM _servelab_meta WHERE name = ?",
