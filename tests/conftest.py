@@ -52,3 +52,11 @@ def redis_url():  # type: ignore[no-untyped-def]
         if url is None:
             pytest.skip("redis-server is not installed (apt-get install redis-server)")
         yield url
+
+
+def pytest_runtest_setup(item):  # type: ignore[no-untyped-def]
+    """Spark needs a JVM: without Java the Spark tests skip (and fail in CI)."""
+    import shutil
+
+    if item.get_closest_marker("spark") is not None and shutil.which("java") is None:
+        pytest.skip("Java 17 is not installed (apt-get install openjdk-17-jre-headless)")
