@@ -82,6 +82,9 @@ def run_sweep(s: Scenario, param: str, values: Sequence[float], *, plan: bool = 
             "p50_ms": r.latency.p50_ms,
             "p99_ms": r.latency.p99_ms,
             "served_per_s": r.throughput.served_per_s,
+            # What the GPUs would serve if kept busy with batches like these.
+            "capacity_per_s": (r.throughput.served_per_s / r.gpu.busy_fraction
+                               if r.gpu.busy_fraction > 0 else float("nan")),
             "rejected": r.requests.rejected,
             "timed_out": r.requests.timed_out,
             "cost_per_million_usd": r.plan.cost_per_million_usd,

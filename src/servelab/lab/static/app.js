@@ -267,8 +267,8 @@ function drawCharts() {
   Plotly.react("chart-window", [
     { name: "p50 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p50_ms), mode: "lines+markers" },
     { name: "p99 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p99_ms), mode: "lines+markers" },
-    { name: "fed while busy", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.batch_efficiency), yaxis: "y2", mode: "lines", line: { dash: "dot" } },
-  ], { ...LAYOUT, xaxis: { title: "batch window (ms)" }, yaxis: { title: "ms" }, yaxis2: { overlaying: "y", side: "right", tickformat: ".0%", range: [0, 1] } }, CONFIG);
+    { name: "throughput capacity (req/s)", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.capacity_per_s), yaxis: "y2", mode: "lines", line: { dash: "dot" } },
+  ], { ...LAYOUT, xaxis: { title: "batch window (ms)" }, yaxis: { title: "ms" }, yaxis2: { title: "req/s", overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
   const q = last.charts.qps_sweep;
   Plotly.react("chart-qps", [
     { name: "GPU busy", x: q.map((r) => r.qps), y: q.map((r) => r.busy_fraction), mode: "lines+markers" },
