@@ -325,6 +325,7 @@ async function init() {
     try { await navigator.clipboard.writeText(location.href); $("#status").textContent = "link copied"; }
     catch { $("#status").textContent = location.href; }
   });
+  $("#btn-load").addEventListener("click", () => $("#file-load").click());
   $("#btn-reset").addEventListener("click", () => { state = { ...META.default_state }; showControls(); schedule(); });
   $("#file-load").addEventListener("change", async (e) => {
     const file = e.target.files[0];
