@@ -6,12 +6,28 @@
     ...                                    ["service:fraud_model_v1"])
     >>> store = fs.open_store(repo)
     >>> fs.materialize(repo, store, incremental=True)
+
+Imported lazily, so that `servelab plan` does not pay for DuckDB and Redis.
 """
 
-from servelab.features.definitions import load_repo
-from servelab.features.materialize import materialize, parity
-from servelab.features.offline import get_historical_features
-from servelab.features.online import get_online_features, open_store
+from __future__ import annotations
 
-__all__ = ["get_historical_features", "get_online_features", "load_repo", "materialize",
-           "open_store", "parity"]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "load_repo": "servelab.features.definitions",
+    "materialize": "servelab.features.materialize",
+    "parity": "servelab.features.materialize",
+    "get_historical_features": "servelab.features.offline",
+    "get_online_features": "servelab.features.online",
+    "open_store": "servelab.features.online",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'servelab.features' has no attribute {name!r}")

@@ -16,10 +16,9 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from servelab.errors import invalid
-from servelab.features.definitions import load_repo
-from servelab.features.materialize import materialize, parity, parse_time, to_us
-from servelab.features.offline import get_historical_features
-from servelab.features.online import get_online_features, open_store
+
+# The commands import the store's modules when they run, so `servelab --help` and the
+# serving commands start without loading DuckDB, PyArrow and Redis.
 
 app = typer.Typer(help="Feature store: point-in-time training data, online serving, parity.",
                   no_args_is_help=True)
@@ -63,7 +62,9 @@ def init(
 @app.command()
 def apply(repo: RepoOpt = Path("."), store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Validate the definitions and sources; create the online store's tables."""
+    from servelab.features.definitions import load_repo
     from servelab.features.offline.duckdb import DuckDBEngine
+    from servelab.features.online import open_store
 
     r = load_repo(repo)
     engine = DuckDBEngine(r)
@@ -101,6 +102,9 @@ def materialize_cmd(
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Copy the latest offline rows of a window into the online store (idempotent)."""
+    from servelab.features.definitions import load_repo
+    from servelab.features.materialize import materialize, parse_time
+    from servelab.features.online import open_store
     r = load_repo(repo)
     chosen = [name.strip() for name in views.split(",")] if views else None
     for name in chosen or []:
@@ -164,6 +168,9 @@ def get_online(
 ) -> None:
     """Read features for entities from the online store, each value marked
     present, missing or expired."""
+    from servelab.features.definitions import load_repo
+    from servelab.features.materialize import parse_time, to_us
+    from servelab.features.online import get_online_features, open_store
     r = load_repo(repo)
     s = open_store(r, store)
     now = parse_time(at, "--at") or datetime.now(UTC)
@@ -196,6 +203,8 @@ def historical(
     as_json: JsonOpt = False,
 ) -> None:
     """Point-in-time-correct training data for entity rows."""
+    from servelab.features.definitions import load_repo
+    from servelab.features.offline import get_historical_features
     r = load_repo(repo)
     t0 = time.perf_counter()
     table = get_historical_features(r, entities, _refs(features), engine=engine,
@@ -236,6 +245,9 @@ def parity_cmd(
     store: StoreOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Online values served at a time against offline point-in-time values at that time."""
+    from servelab.features.definitions import load_repo
+    from servelab.features.materialize import parity, parse_time
+    from servelab.features.online import open_store
     r = load_repo(repo)
     s = open_store(r, store)
     report = parity(r, s, at=parse_time(at, "--at"), sample=sample)
@@ -270,6 +282,9 @@ def bench(
 ) -> None:
     """Online-read latency for 1 and 100 entities (p50, p99): a feature-fetch figure for a
     serving scenario's latency budget."""
+    from servelab.features.definitions import load_repo
+    from servelab.features.materialize import to_us
+    from servelab.features.online import open_store
     r = load_repo(repo)
     v = r.views[view] if view else max(r.views.values(), key=lambda x: len(x.features))
     s = open_store(r, store)
