@@ -127,3 +127,22 @@ def test_duckdb_table_source(tmp_path, engine):
     got = get_historical_features(repo, ent, ["merchant_risk:risk"], engine=engine).to_pandas()
     want = point_in_time(ent, "event_timestamp", reference_views(users, merchants, [], ["risk"]))
     frames_equal(got, want)
+
+
+def test_mixed_time_zones_are_converted_not_rejected(tmp_path):
+    root, users, _, _ = make_repo(tmp_path, 2, n_entities=80)
+    repo = load_repo(root)
+    utc = pd.Timestamp(users.loc[users["user_id"] == 1, "event_ts"].max(), tz="UTC")
+    # The same three instants written three ways: UTC, Paris, New York (one object column),
+    # and as ISO text with offsets.
+    mixed = pd.DataFrame({"user_id": [1, 1, 1], "event_timestamp": [
+        utc, utc.tz_convert("Europe/Paris"), utc.tz_convert("America/New_York")]})
+    text = pd.DataFrame({"user_id": [1, 1, 1], "event_timestamp": [
+        t.isoformat() for t in mixed["event_timestamp"]]})
+    naive = pd.DataFrame({"user_id": [1], "event_timestamp": [utc.tz_localize(None)]})
+    got = [get_historical_features(repo, df, ["user_stats:txn_count"]).to_pandas()
+           for df in (mixed, text, naive)]
+    values = {v for g in got for v in g["txn_count"].tolist()}
+    assert len(values) == 1  # one instant, one answer ...
+    assert not pd.isna(next(iter(values)))  # ... and a real one (an exact event time)
+    assert all((g["event_timestamp"] == utc).all() for g in got)
