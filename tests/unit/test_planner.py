@@ -36,3 +36,13 @@ def test_slo_below_the_physical_floor_is_explained():
     r = run_plan(base(**{"latency.p99_slo_ms": 7.0}))  # fetch 3 + network 5 > 7
     assert not r.plan.meets_slo
     assert "can never be below" in r.plan.verdict
+
+
+def test_sweep_with_the_planner_adds_gpus_as_load_grows():
+    from servelab.api import run_sweep
+
+    rows = run_sweep(base(), "qps", [2_000, 40_000, 80_000], plan=True)
+    gpus = [r["num_gpus"] for r in rows]
+    assert gpus == sorted(gpus)
+    assert gpus[-1] > gpus[0]
+    assert all(r["meets_slo"] for r in rows)
