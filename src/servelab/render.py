@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console, Group
 from rich.table import Table
 
+from servelab.llm.kv import GIB
 from servelab.llm.pool import KvReport, PagingReport
 from servelab.report import Report
 from servelab.seed import SeedRow
@@ -105,8 +106,6 @@ def print_to(console: Console, *renderables: object) -> None:
     for x in renderables:
         console.print(x)
 
-
-GIB = 1024**3
 
 
 def kv_tables(r: KvReport) -> Group:
