@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -72,7 +73,7 @@ def run_sweep(s: Scenario, param: str, values: Sequence[float], *, plan: bool = 
         except InputError as exc:
             raise InputError(f"sweep {param} = {value!r}: {exc}") from None
         r = run_plan(point) if plan else run_simulate(point)
-        rows.append({
+        rows.append(_finite({
             param: value,
             "num_gpus": r.plan.num_gpus,
             "mean_batch_size": r.batching.mean_batch_size,
@@ -84,12 +85,18 @@ def run_sweep(s: Scenario, param: str, values: Sequence[float], *, plan: bool = 
             "served_per_s": r.throughput.served_per_s,
             # What the GPUs would serve if kept busy with batches like these.
             "capacity_per_s": (r.throughput.served_per_s / r.gpu.busy_fraction
-                               if r.gpu.busy_fraction > 0 else float("nan")),
+                               if r.gpu.busy_fraction > 0 else None),
             "rejected": r.requests.rejected,
             "timed_out": r.requests.timed_out,
             "cost_per_million_usd": r.plan.cost_per_million_usd,
             "meets_slo": r.plan.meets_slo,
-        })
+        }))
         if on_step is not None:
             on_step()
     return rows
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """A figure that does not exist (p50 of no served request) is None, as in the Report."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in row.items()}

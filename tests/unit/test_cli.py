@@ -116,3 +116,18 @@ def test_kv_paging_json():
                      "paged_prefix"]
     assert all(r["completed"] + r["rejected_too_long"] + r["running_at_end"]
                + r["waiting_at_end"] == 300 for r in d["results"])
+
+
+def test_figures_that_do_not_exist_are_null_not_a_crash():
+    # A timeout shorter than the batch window on an idle GPU: every request times out,
+    # so there is no p50 to report. JSON says null; nothing breaks.
+    p = run("sweep", "qps", "--values", "100", "--timeout-us", "100", "--max-queue-delay-us",
+            "2000", "--num-requests", "500", "--json")
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)[0]
+    assert row["timed_out"] == 500
+    assert row["p50_ms"] is None
+    p = run("simulate", "--timeout-us", "100", "--max-queue-delay-us", "2000",
+            "--num-requests", "500")
+    assert p.returncode == 0, p.stderr
+    assert "500 timed out" in p.stdout
