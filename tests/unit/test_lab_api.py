@@ -77,3 +77,13 @@ def test_assets_are_local(client):
     html = client.get("/").text
     assert "http://" not in html
     assert "https://" not in html
+
+
+def test_a_scenario_with_nothing_served_still_answers(client):
+    state = {**default_state(), "batching.default_timeout_microseconds": 100,
+             "workload.num_requests": 2000}
+    for endpoint in ("/api/update", "/api/charts"):
+        r = client.post(endpoint, json={"state": state})
+        assert r.status_code == 200, r.text
+    assert client.post("/api/update", json={"state": state}).json()["simulate"]["latency"][
+        "p50_ms"] is None

@@ -78,16 +78,16 @@ def _update(s: Scenario) -> dict[str, Any]:
     sim = _pool.submit(run_simulate, s)
     planned = _pool.submit(run_plan, s)
     kv = kv_report(pool_spec(s)).to_dict() if s.llm is not None else None
-    sim_r, plan_r = sim.result(), planned.result()
+    sim_r, plan_d = sim.result(), planned.result().to_dict()  # to_dict: NaN becomes null
     return {
         "simulate": sim_r.to_dict(),
         "plan": {
-            "num_gpus": plan_r.plan.num_gpus,
-            "cost_per_million_usd": plan_r.plan.cost_per_million_usd,
-            "meets_slo": plan_r.plan.meets_slo,
-            "verdict": plan_r.plan.verdict,
-            "p99_ms": plan_r.latency.p99_ms,
-            "busy_fraction": plan_r.gpu.busy_fraction,
+            "num_gpus": plan_d["plan"]["num_gpus"],
+            "cost_per_million_usd": plan_d["plan"]["cost_per_million_usd"],
+            "meets_slo": plan_d["plan"]["meets_slo"],
+            "verdict": plan_d["plan"]["verdict"],
+            "p99_ms": plan_d["latency"]["p99_ms"],
+            "busy_fraction": plan_d["gpu"]["busy_fraction"],
         },
         "kv": kv,
         "toml": scenario_to_toml(s),

@@ -250,7 +250,7 @@ class PagingResult:
     admissions: int
     preemptions: int
     steps: int
-    mean_wait_steps: float
+    mean_wait_steps: float | None  # None: nothing was admitted
     series: dict[str, list[float]]  # per sampled iteration, the shares above + concurrency
 
 
@@ -444,6 +444,6 @@ def simulate_paging(
         admissions=admissions,
         preemptions=preemptions,
         steps=step,
-        mean_wait_steps=wait_total / admissions if admissions else float("nan"),
+        mean_wait_steps=wait_total / admissions if admissions else None,
         series={k: v[::stride] for k, v in series.items()},
     )
