@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
-from servelab.errors import InputError, ServelabError
+from servelab.errors import ConfigError, InputError, ServelabError
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
 from servelab.scenario import Scenario
@@ -297,19 +297,23 @@ def lab(
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
 ) -> None:
     """Start the interactive lab in your browser (no server to install)."""
+    import os
+    import socket
+
     import uvicorn
 
     from servelab.lab.server import app as lab_app
 
+    try:  # fail with one clear line before uvicorn starts (it logs and exits on its own)
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"--port = {port}: cannot listen on {host}:{port} ({reason}); "
+                          f"fix: choose another port, e.g. --port {port + 1}") from exc
     url = f"http://{host}:{port}"
     stderr.print(f"servelab lab on [bold]{url}[/] (Ctrl+C to stop)", highlight=False)
-    try:
-        uvicorn.run(lab_app, host=host, port=port, log_level="warning")
-    except OSError as exc:
-        from servelab.errors import ConfigError
-
-        raise ConfigError(f"--port = {port}: cannot listen on {host}:{port} ({exc.strerror}); "
-                          "fix: choose another port, e.g. --port 8001") from exc
+    uvicorn.run(lab_app, host=host, port=port, log_level="warning")
 
 
 def _grid(start: float | None, stop: float | None, steps: int, values: str | None

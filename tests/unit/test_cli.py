@@ -131,3 +131,16 @@ def test_figures_that_do_not_exist_are_null_not_a_crash():
             "--num-requests", "500")
     assert p.returncode == 0, p.stderr
     assert "500 timed out" in p.stdout
+
+
+def test_lab_port_in_use_is_one_line():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = run("lab", "--port", str(port))
+    assert p.returncode == 1
+    assert "Traceback" not in p.stderr
+    assert f"--port = {port}: cannot listen" in p.stderr
