@@ -15,7 +15,7 @@ from typing import Any
 from servelab.batching.analytic import estimate
 from servelab.batching.service import build_service_model
 from servelab.batching.simulate import simulate
-from servelab.errors import InputError, invalid
+from servelab.errors import InputError, closest, invalid
 from servelab.planner import plan
 from servelab.report import Report, build_report
 from servelab.scenario import Scenario, load_scenario
@@ -57,8 +57,6 @@ def run_sweep(s: Scenario, param: str, values: Sequence[float], *, plan: bool = 
               on_step: Callable[[], object] | None = None) -> list[dict[str, Any]]:
     """One row of key figures per value of `param` (simulated, or planned with plan=True)."""
     if param not in SWEEP_PARAMS:
-        from servelab.errors import closest
-
         guess = closest(param, SWEEP_PARAMS)
         raise invalid("sweep parameter", param, f"one of {', '.join(SWEEP_PARAMS)}",
                       f"did you mean {guess!r}?" if guess else "pick one of those")

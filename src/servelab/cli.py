@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
-from servelab.errors import ConfigError, InputError, ServelabError
+from servelab.errors import ConfigError, InputError, ServelabError, StoreError, invalid
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
 from servelab.scenario import Scenario
@@ -318,8 +318,6 @@ def lab(
 
 def _grid(start: float | None, stop: float | None, steps: int, values: str | None
           ) -> list[float]:
-    from servelab.errors import invalid
-
     if values is not None:
         try:
             return [float(v) for v in values.split(",") if v.strip()]
@@ -341,8 +339,6 @@ def _fmt(x: Any) -> str:
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    from servelab.errors import StoreError
-
     try:
         with path.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else [])

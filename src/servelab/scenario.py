@@ -20,7 +20,7 @@ from typing import Any
 import tomli_w
 
 from servelab.catalog import FIGURES, GpuSpec, get_gpu, resolve_gpu_name
-from servelab.errors import InputError, invalid, unknown_key
+from servelab.errors import InputError, closest, invalid, unknown_key
 
 
 class Arrival(Enum):
@@ -249,8 +249,6 @@ def _enum(cls: type[Enum]) -> Callable[[str, Any], Any]:
         choices = [m.value for m in cls]
         if isinstance(v, str) and v.lower() in choices:
             return cls(v.lower())
-        from servelab.errors import closest
-
         guess = closest(str(v).lower(), choices)
         fix = f"did you mean {guess!r}?" if guess else f"use one of {', '.join(choices)}"
         raise invalid(name, v, f"one of {', '.join(choices)}", fix)
