@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from servelab.batching.analytic import estimate
-from servelab.batching.service import build_service_model
 from servelab.batching.simulate import simulate
 from servelab.errors import InputError, closest, invalid
 from servelab.planner import plan
@@ -43,9 +42,8 @@ def load(source: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
 
 def run_simulate(s: Scenario) -> Report:
     """Simulate the scenario as given; the closed-form estimate at its GPU count alongside."""
-    service = build_service_model(s.model, s.hardware.spec(), s.batching.max_batch_size,
-                                  s.base_dir)
-    return build_report(simulate(s), closed_form=estimate(s, service, s.hardware.num_gpus))
+    sim = simulate(s)
+    return build_report(sim, closed_form=estimate(s, sim.service, s.hardware.num_gpus))
 
 
 def run_plan(s: Scenario) -> Report:

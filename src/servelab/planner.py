@@ -48,7 +48,7 @@ def plan(s: Scenario) -> Report:
 
     def trial(n: int) -> bool:
         if n not in steps:
-            rep = build_report(simulate(_with_gpus(s, n)))
+            rep = build_report(simulate(_with_gpus(s, n), service))
             reports[n] = rep
             dropped = rep.requests.rejected + rep.requests.timed_out
             ok = meets(rep.latency.p99_ms, rep.gpu.busy_fraction, dropped,

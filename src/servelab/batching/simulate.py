@@ -108,12 +108,17 @@ def _component(median_ms: float, p99_ms: float | None, n: int,
     return rng.lognormal(np.log(median_ms / 1e3), sigma, n)
 
 
-def simulate(scenario: Scenario) -> Simulation:
-    """Simulate a scenario. Same scenario (seed included), same result, bit for bit."""
+def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulation:
+    """Simulate a scenario. Same scenario (seed included), same result, bit for bit.
+
+    `service` is the scenario's service-time model when the caller already built it
+    (it depends on the GPU type, not the count: the planner reuses one across counts).
+    """
     s = scenario
-    gpu = s.hardware.spec()
     policy = s.batching
-    service = build_service_model(s.model, gpu, policy.max_batch_size, s.base_dir)
+    if service is None:
+        service = build_service_model(s.model, s.hardware.spec(), policy.max_batch_size,
+                                      s.base_dir)
     # Independent streams per purpose, so changing one part of the scenario does
     # not reshuffle the draws of another (common random numbers across a sweep).
     arr_rng, svc_rng, fetch_rng, net_rng = (
