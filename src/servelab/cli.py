@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +21,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
-from servelab.errors import ConfigError, InputError, ServelabError, StoreError, invalid
+from servelab.errors import ConfigError, InputError, ServelabError, StoreError, cut, invalid
+from servelab.files import check_writable_target
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
 from servelab.scenario import Scenario
@@ -87,6 +89,8 @@ def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario
         given["batching.preferred_batch_size"] = None  # Typer gives [] for "not given"
     if given.get("llm.num_gpus") is not None and given.get("llm.tp") is None:
         given["llm.tp"] = 0  # --num-gpus alone: one tensor-parallel group over all of them
+    if given.get("llm.tp") and given.get("llm.num_gpus") is None:
+        given["llm.num_gpus"] = given["llm.tp"]  # --tp alone (vLLM's -tp): one group of tp
     try:
         return load(params["scenario"], given)
     except InputError as exc:
@@ -170,6 +174,8 @@ def sweep(
     """Vary one parameter over a range: a table (and a CSV) of the key figures."""
     s = _load(locals())
     grid = _grid(start, stop, steps, values)
+    if csv_path is not None:
+        check_writable_target(csv_path, "--csv")
     with Progress(TextColumn("sweep {task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),
                   console=stderr, transient=True, disable=len(grid) < 4) as bar:
@@ -245,6 +251,9 @@ def kv(
     if ctx.invoked_subcommand is not None:
         return
     s = _load(locals(), _KV_KEYS)
+    if sessions is not None and not 1 <= sessions <= 100_000_000:
+        raise invalid("--sessions", sessions, "a whole number from 1 to 100,000,000",
+                      "use e.g. --sessions 32, or leave it out")
     report = kv_report(pool_spec(s, memory_runtime_gib=memory_gib, weights_gib=weights_gib,
                                  activation_gib=activation_gib, non_torch_gib=non_torch_gib,
                                  cudagraph_gib=cudagraph_gib), sessions)
@@ -294,7 +303,13 @@ def kv_paging(
 def lab(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")
                     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port.", min=1, max=65535)] = 8000,
+    data_dir: Annotated[Path | None, typer.Option(
+        help="A folder whose files (traces, profiles, config.json) a loaded scenario may "
+             "name; without it the lab opens no file a page names.")] = None,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        help="Another host name the lab answers to (repeat); loopback names always.")
+                          ] = None,
 ) -> None:
     """Start the interactive lab in your browser (no server to install)."""
     import os
@@ -302,34 +317,69 @@ def lab(
 
     import uvicorn
 
-    from servelab.lab.server import app as lab_app
+    from servelab.lab.server import LOOPBACK_HOSTS, LabConfig, create_app
 
+    if data_dir is not None and not data_dir.is_dir():
+        raise InputError(f"--data-dir = {cut(str(data_dir))!r}: not a folder; "
+                         "fix: give an existing folder, or leave it out")
+    hosts = [*LOOPBACK_HOSTS, *(h.strip().lower() for h in allow_host or [] if h.strip())]
+    if host not in ("0.0.0.0", "::"):  # a wildcard bind names no host to answer to
+        hosts.append(host.lower())
+    lab_app = create_app(LabConfig(
+        data_dir=str(data_dir.resolve()) if data_dir is not None else None,
+        allowed_hosts=tuple(dict.fromkeys(hosts))))
     try:  # fail with one clear line before uvicorn starts (it logs and exits on its own)
         with socket.create_server((host, port)):
             pass
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"--port = {port}: cannot listen on {host}:{port} ({reason}); "
-                          f"fix: choose another port, e.g. --port {port + 1}") from exc
+    except (OSError, OverflowError) as exc:
+        reason = (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno
+                  else str(exc))
+        raise ConfigError(f"--port = {port}: cannot listen on {cut(host, 60)}:{port} "
+                          f"({reason}); fix: choose another port, e.g. --port {port + 1}, "
+                          "or another --host") from exc
     url = f"http://{host}:{port}"
     stderr.print(f"servelab lab on [bold]{url}[/] (Ctrl+C to stop)", highlight=False)
-    uvicorn.run(lab_app, host=host, port=port, log_level="warning")
+    # Ctrl+C: uvicorn gives in-flight requests a second, then we leave at once, without
+    # waiting for a simulation still running on a worker thread.
+    try:
+        uvicorn.run(lab_app, host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=1)
+    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has stopped
+        pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+MAX_SWEEP_POINTS = 1_000
 
 
 def _grid(start: float | None, stop: float | None, steps: int, values: str | None
           ) -> list[float]:
     if values is not None:
+        parts = [v for v in values.split(",") if v.strip()]
+        if not parts or len(parts) > MAX_SWEEP_POINTS:
+            raise invalid("--values", values, f"1 to {MAX_SWEEP_POINTS:,} comma-separated numbers",
+                          "write e.g. --values 500,1000,2000")
         try:
-            return [float(v) for v in values.split(",") if v.strip()]
+            grid = [float(v) for v in parts]
         except ValueError:
             raise invalid("--values", values, "comma-separated numbers",
                           "write e.g. --values 500,1000,2000") from None
-    if start is None or stop is None:
-        raise invalid("--start/--stop", (start, stop), "both, or --values",
-                      "give e.g. --start 500 --stop 4000 --steps 8")
-    if steps < 1:
-        raise invalid("--steps", steps, "a whole number >= 1", "use --steps 8")
-    return [float(x) for x in np.linspace(start, stop, steps)]
+    else:
+        if start is None or stop is None:
+            raise invalid("--start/--stop", (start, stop), "both, or --values",
+                          "give e.g. --start 500 --stop 4000 --steps 8")
+        if not 1 <= steps <= MAX_SWEEP_POINTS:
+            raise invalid("--steps", steps, f"a whole number from 1 to {MAX_SWEEP_POINTS:,}",
+                          "use --steps 8")
+        grid = [float(x) for x in np.linspace(start, stop, steps)]
+    bad = [v for v in grid if not math.isfinite(v)]
+    if bad:
+        raise invalid("--values" if values is not None else "--start/--stop", bad[0],
+                      "finite numbers", "give numbers like 500 or 2.5")
+    return grid
 
 
 def _fmt(x: Any) -> str:
@@ -349,14 +399,39 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
                          "fix: choose a writable path") from exc
 
 
+def _say(message: str) -> None:
+    """One line on stderr, whatever the message carries (newlines, rich markup, length)."""
+    stderr.print(f"[bold red]error:[/] {escape(cut(message, 480))}", highlight=False,
+                 soft_wrap=True)
+
+
 def main() -> None:
     """Entry point: the one place a user's mistake becomes a message instead of a traceback.
 
     Typer reports its own usage errors (unknown flag, a word where a number goes)
-    and exits 2; a ServelabError from the scenario or a file exits 1.
+    and exits 2; a ServelabError from the scenario or a file exits 1. Anything else
+    is servelab's bug: one line that says so and exit 3 (SERVELAB_DEBUG=1 shows the
+    traceback). Ctrl+C exits 130 without a traceback.
     """
+    import os
+
     try:
         app()
     except ServelabError as exc:
-        stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        _say(str(exc))
         sys.exit(1)
+    except KeyboardInterrupt:
+        stderr.print("interrupted", highlight=False)
+        sys.exit(130)
+    except RecursionError:
+        _say("input nested too deeply; fix: flatten the file's tables or lists")
+        sys.exit(1)
+    except MemoryError:
+        _say("out of memory; fix: fewer requests (--num-requests) or a smaller input")
+        sys.exit(1)
+    except Exception as exc:  # a bug: say so in one line, never a traceback by default
+        if os.environ.get("SERVELAB_DEBUG"):
+            raise
+        _say(f"internal error ({type(exc).__name__}: {exc}); this is a servelab bug: "
+             "rerun with SERVELAB_DEBUG=1 for the traceback and report it")
+        sys.exit(3)

@@ -33,16 +33,34 @@ def closest(name: str, valid: Iterable[str], cutoff: float = 0.6) -> str | None:
     return matches[0] if matches else None
 
 
+MAX_SHOWN = 120  # characters of a user's value quoted in a message
+
+
+def cut(text: str, limit: int = MAX_SHOWN) -> str:
+    """A value as shown in a message: one line, at most `limit` characters."""
+    one = " ".join(str(text).split())
+    return one if len(one) <= limit else one[: limit - 1] + "…"
+
+
+def shown(value: Any) -> str:
+    """A user's value quoted for a message, cut so an unbounded value cannot flood it."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # e.g. an int with more digits than repr allows
+        text = f"<{type(value).__name__}>"
+    return cut(text)
+
+
 def invalid(field: str, value: Any, expected: str, fix: str) -> InputError:
     """Build the standard message: field, value, what was expected, the fix."""
-    return InputError(f"{field} = {value!r}: expected {expected}; fix: {fix}")
+    return InputError(f"{field} = {shown(value)}: expected {expected}; fix: {fix}")
 
 
 def unknown_key(field: str, key: str, valid: Iterable[str]) -> InputError:
     """An unknown key, with the closest valid name when there is one."""
     valid = sorted(valid)
-    guess = closest(key, valid)
+    guess = closest(key, valid) if isinstance(key, str) and len(key) < 200 else None
     hint = f"did you mean {guess!r}?" if guess else f"use one of {', '.join(valid)}"
     return InputError(
-        f"{field}: unknown key {key!r}; expected one of {', '.join(valid)}; fix: {hint}"
+        f"{cut(field)}: unknown key {shown(key)}; expected one of {', '.join(valid)}; fix: {hint}"
     )

@@ -41,7 +41,7 @@ def plan(s: Scenario) -> Report:
     to fall as GPUs are added, which holds for this batcher except within noise.
     """
     service = build_service_model(s.model, s.hardware.spec(), s.batching.max_batch_size,
-                                  s.base_dir)
+                                  s.resolve_path)
     closed = closed_form_gpus(s, service)
     steps: dict[int, SearchStep] = {}
     reports: dict[int, Report] = {}

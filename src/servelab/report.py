@@ -272,7 +272,11 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
         },
     )
 
-    served_per_s = offered * counts["served"] / counts["arrivals"] if counts["arrivals"] else 0.0
+    # Throughput is what was served over the span in which it was served (from the start
+    # of the run to the last completion): in overload the queue drains long after the last
+    # arrival, and the offered rate would overstate it.
+    served_span_s = float(r.end_ns[served].max(initial=0)) / 1e9
+    served_per_s = counts["served"] / served_span_s if served_span_s > 0 else 0.0
     dropped = counts["rejected"] + counts["timed_out"]
     slo, ceiling = s.latency.p99_slo_ms, s.plan.max_busy_fraction
     ok = meets(e2e.p99_ms, busy, dropped, slo, ceiling)
@@ -295,6 +299,13 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
     if busy > 0.98 or (counts["arrivals"] and r.end_ns.max() > 1.5e9 * span_s):
         notes.append("the instances cannot keep up: the queue grows for the whole run, "
                      "so latency depends on the run's length")
+    b = s.batching
+    if 0 < b.default_timeout_microseconds < b.max_queue_delay_microseconds:
+        notes.append(f"default_timeout_microseconds ({b.default_timeout_microseconds:,} us) is "
+                     f"shorter than max_queue_delay_microseconds "
+                     f"({b.max_queue_delay_microseconds:,} us): at low load a request waits "
+                     "for the window and times out before its batch is sent; raise the "
+                     "timeout above the window")
     return Report(
         scenario=scenario_to_dict(s),
         requests=RequestCounts(**counts),

@@ -8,8 +8,8 @@ frozen dataclasses. Keys use the names users know: Triton's for batching
 
 from __future__ import annotations
 
+import json
 import math
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -20,7 +20,21 @@ from typing import Any
 import tomli_w
 
 from servelab.catalog import FIGURES, GpuSpec, get_gpu, resolve_gpu_name
-from servelab.errors import InputError, closest, invalid, unknown_key
+from servelab.errors import InputError, closest, cut, invalid, unknown_key
+from servelab.files import MAX_CONFIG_BYTES, parse_toml, read_text
+
+# Ranges every value is held to at the edge, so nothing the engine cannot represent
+# exactly (int64 nanoseconds, float64) gets past validation.
+MAX_QPS = 1e9
+MAX_REQUESTS = 5_000_000  # ~1 GiB of records; enough for a p99.99
+MAX_BATCH = 1 << 16
+MAX_GPUS = 100_000
+MAX_MS = 3_600_000.0  # one hour, for any single latency or batch time
+MAX_TIMEOUT_US = 86_400_000_000  # one day
+MAX_CV = 100.0
+MIN_CV = 1e-3  # gamma's shape is 1/cv^2: below this it is a constant process
+MAX_SPAN_S = 1e8  # simulated seconds a run may span (int64 ns hold ~292 years)
+MAX_INLINE_ARRIVALS = 1_000_000
 
 
 class Arrival(Enum):
@@ -51,6 +65,7 @@ class Workload:
     arrival: Arrival = Arrival.POISSON
     cv: float = 1.0  # coefficient of variation of inter-arrival gaps (gamma only)
     trace_csv: str | None = None  # arrival times, one per row (trace only)
+    arrivals_s: tuple[float, ...] = ()  # or the trace inline, in seconds (trace only)
     num_requests: int = 100_000
     seed: int = 0
 
@@ -149,6 +164,7 @@ class LlmPool:
     """
 
     model: str = "llama-3.1-8b"
+    config: str | None = None  # a config.json inline (canonical JSON text), instead of model
     kv_dtype: str = "auto"
     weight_dtype: str = "auto"
     context_tokens: int = 4096
@@ -178,17 +194,42 @@ class Scenario:
     latency: Latency = field(default_factory=Latency)
     plan: PlanLimits = field(default_factory=PlanLimits)
     llm: LlmPool | None = None
-    base_dir: str = "."  # where relative file paths in the scenario are resolved
+    # Where relative file paths in the scenario are resolved. With `sandbox` (the lab),
+    # only files inside base_dir may be named, and with base_dir None none at all.
+    base_dir: str | None = "."
+    sandbox: bool = False
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
         """A copy with flat ``section.key`` overrides applied, validated like a file."""
         raw = scenario_to_dict(self)
         apply_overrides(raw, overrides)
-        return scenario_from_dict(raw, base_dir=self.base_dir)
+        return scenario_from_dict(raw, base_dir=self.base_dir, sandbox=self.sandbox)
 
-    def resolve_path(self, path: str) -> Path:
+    def resolve_path(self, path: str, field: str = "file") -> Path:
+        """The file a scenario names, checked against the sandbox before anything reads it."""
+        if not self.sandbox:
+            p = Path(path)
+            return p if p.is_absolute() or self.base_dir is None else Path(self.base_dir) / p
+        inline = {"[workload] trace_csv": "arrivals_s = [...] (seconds)",
+                  "[model] csv": "points = [[batch, ms], ...]",
+                  "[model] perf_analyzer_csv": "points = [[batch, ms], ...]",
+                  "[llm] model": "a [llm.config] table with the config.json's keys"}.get(
+                      field, "the data inline")
+        if self.base_dir is None:
+            raise InputError(f"{field} = {cut(repr(path))}: the lab does not open files named "
+                             f"by a page; fix: give {inline}, or start the lab with "
+                             "--data-dir DIR and name a file inside DIR")
+        root = Path(self.base_dir).resolve()
         p = Path(path)
-        return p if p.is_absolute() else Path(self.base_dir) / p
+        if p.is_absolute() or ".." in p.parts or "\0" in path:
+            raise InputError(f"{field} = {cut(repr(path))}: expected a path inside the lab's "
+                             f"--data-dir, relative to it; fix: name a file inside "
+                             f"{cut(str(root))}, or give {inline}")
+        real = (root / p).resolve()
+        if not real.is_relative_to(root):  # a link that leads out of the folder
+            raise InputError(f"{field} = {cut(repr(path))}: leads outside the lab's "
+                             f"--data-dir; fix: copy the file into {cut(str(root))}")
+        return real
 
 
 # ---------------------------------------------------------------------------
@@ -209,7 +250,7 @@ def _num(lo: float | None = None, hi: float | None = None, *, strict_lo: bool = 
         if hi is not None:
             bounds.append(f"<= {hi:g}")
         expected = "a number" + (f" {' and '.join(bounds)}" if bounds else "")
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
             raise invalid(name, v, expected, fix or f"set {name} to {expected}")
         if lo is not None and (v <= lo if strict_lo else v < lo):
             raise invalid(name, v, expected, fix or f"set {name} to {expected}")
@@ -220,12 +261,20 @@ def _num(lo: float | None = None, hi: float | None = None, *, strict_lo: bool = 
     return conv
 
 
-def _int(lo: int, hi: int | None = None, fix: str = "") -> Callable[[str, Any], int]:
+def _finite(v: int | float) -> bool:
+    """A number servelab can hold: finite, and an int no larger than a float can carry."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _int(lo: int, hi: int, fix: str = "") -> Callable[[str, Any], int]:
     def conv(name: str, v: Any) -> int:
-        expected = f"a whole number >= {lo}" + (f" and <= {hi}" if hi is not None else "")
-        if isinstance(v, float) and v.is_integer():
+        expected = f"a whole number >= {lo:,} and <= {hi:,}"
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
             v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or v > hi:
             raise invalid(name, v, expected, fix or f"set {name} to {expected}")
         return v
 
@@ -236,9 +285,14 @@ def _opt(conv: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
     return lambda name, v: None if v is None else conv(name, v)
 
 
+MAX_STR = 10_000  # characters in a name, description or path
+
+
 def _str(name: str, v: Any) -> str:
     if not isinstance(v, str):
         raise invalid(name, v, "a string", f"quote the value: {name} = \"...\"")
+    if len(v) > MAX_STR:
+        raise invalid(name, v, f"at most {MAX_STR:,} characters", "shorten it")
     return v
 
 
@@ -268,15 +322,50 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
 def _int_list(name: str, v: Any) -> tuple[int, ...]:
     if isinstance(v, int) and not isinstance(v, bool):
         v = [v]
+    if isinstance(v, list | tuple) and len(v) > MAX_BATCH:
+        raise invalid(name, f"a list of {len(v):,} entries", f"at most {MAX_BATCH:,} sizes",
+                      "list only the batch sizes the model prefers")
     if not isinstance(v, list | tuple) or not all(
-        isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v
+        isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_BATCH for x in v
     ):
-        raise invalid(name, v, "a list of whole numbers >= 1", f"write e.g. {name} = [4, 8]")
+        raise invalid(name, v, f"a list of whole numbers from 1 to {MAX_BATCH:,}",
+                      f"write e.g. {name} = [4, 8]")
     return tuple(sorted(set(v)))
+
+
+def _seconds_list(name: str, v: Any) -> tuple[float, ...]:
+    expected = f"a list of at most {MAX_INLINE_ARRIVALS:,} arrival times in seconds >= 0"
+    if not isinstance(v, list | tuple) or not v or len(v) > MAX_INLINE_ARRIVALS:
+        what = f"a list of {len(v):,} entries" if isinstance(v, list | tuple) else v
+        raise invalid(name, what, expected, f"write e.g. {name} = [0.0, 0.0012, 0.0031]")
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, int | float) or not _finite(x) or not (
+                0 <= x <= MAX_SPAN_S):
+            raise invalid(name, x, f"each time a number from 0 to {MAX_SPAN_S:g} s in {expected}",
+                          "remove it, or convert the times to seconds")
+    return tuple(sorted(float(x) for x in v))
+
+
+def _config_table(name: str, v: Any) -> str:
+    if not isinstance(v, Mapping):
+        raise invalid(name, v, "a table with a config.json's fields (num_hidden_layers, ...)",
+                      f"write [{name.strip('[]').split(']')[0]}.config] with the config's keys")
+    try:
+        text = json.dumps(v, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        raise invalid(name, "a table", "numbers, strings, booleans, lists and tables as in a "
+                      "config.json", "copy the values from the model's config.json") from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise invalid(name, f"{len(text):,} bytes", f"at most {MAX_CONFIG_BYTES:,} bytes",
+                      "keep only the config.json's own keys")
+    return text
 
 
 def _points(name: str, v: Any) -> tuple[tuple[int, float], ...]:
     expected = "a list of [batch_size, latency_ms] pairs"
+    if isinstance(v, list | tuple) and len(v) > MAX_BATCH:
+        raise invalid(name, f"a list of {len(v):,} entries", f"at most {MAX_BATCH:,} points",
+                      "keep one point per measured batch size")
     if not isinstance(v, list | tuple):
         raise invalid(name, v, expected, f"write e.g. {name} = [[1, 0.9], [8, 1.6]]")
     out: list[tuple[int, float]] = []
@@ -286,11 +375,14 @@ def _points(name: str, v: Any) -> tuple[tuple[int, float], ...]:
             or len(p) != 2
             or isinstance(p[0], bool)
             or not isinstance(p[0], int)
-            or p[0] < 1
+            or not 1 <= p[0] <= MAX_BATCH
+            or isinstance(p[1], bool)
             or not isinstance(p[1], int | float)
-            or not p[1] > 0
+            or not _finite(p[1])
+            or not 0 < p[1] <= MAX_MS
         ):
-            raise invalid(name, p, f"each entry [batch_size >= 1, latency_ms > 0] in {expected}",
+            raise invalid(name, p, f"each entry [batch_size 1..{MAX_BATCH}, "
+                          f"0 < latency_ms <= {MAX_MS:g}] in {expected}",
                           f"write e.g. {name} = [[1, 0.9], [8, 1.6]]")
         out.append((int(p[0]), float(p[1])))
     sizes = [b for b, _ in out]
@@ -303,9 +395,12 @@ def _pa_files(name: str, v: Any) -> tuple[tuple[int, str], ...]:
     expected = 'a table of batch size -> perf_analyzer CSV path, e.g. { "1" = "b1.csv" }'
     if not isinstance(v, Mapping):
         raise invalid(name, v, expected, f'write {name} = {{ "1" = "b1.csv", "8" = "b8.csv" }}')
+    if len(v) > MAX_BATCH:
+        raise invalid(name, f"a table of {len(v):,} entries", expected, "one file per batch size")
     out = []
     for k, path in v.items():
-        if not str(k).isdigit() or int(k) < 1 or not isinstance(path, str):
+        if not (str(k).isdigit() and len(str(k)) < 7 and 1 <= int(k) <= MAX_BATCH) or not (
+                isinstance(path, str) and len(path) <= MAX_STR):
             raise invalid(f"{name}.{k}", path, expected, "use the -b batch size as the key")
         out.append((int(k), path))
     return tuple(sorted(out))
@@ -313,72 +408,75 @@ def _pa_files(name: str, v: Any) -> tuple[tuple[int, str], ...]:
 
 _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
     "workload": (Workload, {
-        "qps": _num(0, strict_lo=True),
+        "qps": _num(0, MAX_QPS, strict_lo=True),
         "arrival": _enum(Arrival),
-        "cv": _num(0, strict_lo=True),
+        "cv": _num(MIN_CV, MAX_CV),
         "trace_csv": _opt(_str),
-        "num_requests": _int(1, 50_000_000),
-        "seed": _int(0),
+        "arrivals_s": _seconds_list,
+        "num_requests": _int(1, MAX_REQUESTS),
+        "seed": _int(0, 2**63 - 1),
     }),
     "batching": (BatchingPolicy, {
-        "max_batch_size": _int(1, 1 << 16),
+        "max_batch_size": _int(1, MAX_BATCH),
         "max_queue_delay_microseconds": _int(0, 60_000_000),
         "preferred_batch_size": _int_list,
-        "max_queue_size": _int(0),
-        "default_timeout_microseconds": _int(0),
+        "max_queue_size": _int(0, 2**31 - 1),
+        "default_timeout_microseconds": _int(0, MAX_TIMEOUT_US),
         "instances_per_gpu": _int(1, 64),
     }),
     "hardware": (Hardware, {
         "gpu": _str,
-        "num_gpus": _int(1, 100_000),
-        "price_per_gpu_hour": _opt(_num(0)),
-        **{fig: _num(0, strict_lo=True) for fig in FIGURES if fig != "price_per_gpu_hour_usd"},
+        "num_gpus": _int(1, MAX_GPUS),
+        "price_per_gpu_hour": _opt(_num(0, 1e6)),
+        **{fig: _num(0, 1e9, strict_lo=True) for fig in FIGURES
+           if fig != "price_per_gpu_hour_usd"},
     }),
     "model": (ServiceModelSpec, {
         "kind": _enum(ServiceKind),
         "name": _str,
-        "latency_ms": _opt(_num(0, strict_lo=True)),
-        "base_ms": _opt(_num(0)),
-        "per_row_ms": _opt(_num(0)),
+        "latency_ms": _opt(_num(0, MAX_MS, strict_lo=True)),
+        "base_ms": _opt(_num(0, MAX_MS)),
+        "per_row_ms": _opt(_num(0, MAX_MS)),
         "points": _points,
         "csv": _opt(_str),
         "perf_analyzer_csv": _pa_files,
-        "flops_per_row": _opt(_num(0)),
-        "bytes_per_row": _opt(_num(0)),
-        "bytes_per_batch": _opt(_num(0)),
-        "overhead_us": _num(0),
+        "flops_per_row": _opt(_num(0, 1e21)),
+        "bytes_per_row": _opt(_num(0, 1e18)),
+        "bytes_per_batch": _opt(_num(0, 1e18)),
+        "overhead_us": _num(0, MAX_MS * 1e3),
         "efficiency": _num(0, 1, strict_lo=True),
         "precision": _choice("bf16", "fp8"),
         "variability": _enum(Variability),
-        "cv": _num(0),
+        "cv": _num(0, MAX_CV),
     }),
     "latency": (Latency, {
-        "feature_fetch_ms": _num(0),
-        "feature_fetch_p99_ms": _opt(_num(0)),
-        "network_ms": _num(0),
-        "network_p99_ms": _opt(_num(0)),
-        "p99_slo_ms": _num(0, strict_lo=True),
+        "feature_fetch_ms": _num(0, MAX_MS),
+        "feature_fetch_p99_ms": _opt(_num(0, MAX_MS)),
+        "network_ms": _num(0, MAX_MS),
+        "network_p99_ms": _opt(_num(0, MAX_MS)),
+        "p99_slo_ms": _num(0, MAX_MS, strict_lo=True),
     }),
     "plan": (PlanLimits, {
         "max_busy_fraction": _num(0, 1, strict_lo=True),
-        "max_gpus": _int(1, 100_000),
+        "max_gpus": _int(1, MAX_GPUS),
     }),
     "llm": (LlmPool, {
         "model": _str,
+        "config": _config_table,
         "kv_dtype": _choice("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2",
                             "int8", "int4"),
         "weight_dtype": _choice("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4"),
         "context_tokens": _int(1, 10_000_000),
         "gpu": _opt(_str),
-        "num_gpus": _int(1, 100_000),
+        "num_gpus": _int(1, MAX_GPUS),
         "tp": _int(0, 1024),
         "gpu_memory_utilization": _num(0, 1, strict_lo=True),
         "block_size": _int(1, 1024),
-        "max_num_batched_tokens": _int(1),
-        "max_num_seqs": _int(1),
-        "gpu_memory_gb": _opt(_num(0, strict_lo=True)),
-        "weights_gb": _opt(_num(0)),
-}),
+        "max_num_batched_tokens": _int(1, 10_000_000),
+        "max_num_seqs": _int(1, 1_000_000),
+        "gpu_memory_gb": _opt(_num(0, 1e6, strict_lo=True)),
+        "weights_gb": _opt(_num(0, 1e9)),
+    }),
 }
 
 _TOP = {"name", "description", *_SECTIONS}
@@ -443,8 +541,8 @@ def _check_model(m: ServiceModelSpec, given: set[str]) -> ServiceModelSpec:
         raise invalid("[model] flops_per_row/bytes_per_row/bytes_per_batch", None,
                       "at least one of them for kind 'roofline'",
                       "set flops_per_row (e.g. 2 x parameters x tokens) and bytes_per_batch")
-    if m.variability is Variability.GAMMA and m.cv <= 0:
-        raise invalid("[model] cv", m.cv, "a number > 0 with variability = 'gamma'",
+    if m.variability is Variability.GAMMA and m.cv < MIN_CV:
+        raise invalid("[model] cv", m.cv, f"a number >= {MIN_CV:g} with variability = 'gamma'",
                       "set cv, e.g. 0.2 for a 20% spread")
     return m
 
@@ -457,12 +555,23 @@ def _check(s: Scenario) -> Scenario:
                       f"sizes no larger than max_batch_size ({b.max_batch_size}) as Triton needs",
                       f"drop {too_big} or raise max_batch_size")
     w = s.workload
-    if w.arrival is Arrival.TRACE and not w.trace_csv:
-        raise invalid("[workload] trace_csv", None, "a CSV of arrival times with arrival = 'trace'",
-                      "set trace_csv = \"arrivals.csv\" (one time in seconds per row)")
-    if w.trace_csv and w.arrival is not Arrival.TRACE:
-        raise invalid("[workload] arrival", w.arrival.value, "'trace' when trace_csv is set",
-                      "set arrival = \"trace\" or remove trace_csv")
+    if w.arrival is Arrival.TRACE and bool(w.trace_csv) == bool(w.arrivals_s):
+        raise invalid("[workload] trace_csv/arrivals_s", None,
+                      "exactly one of them with arrival = 'trace'",
+                      "set trace_csv = \"arrivals.csv\" (one time in seconds per row), "
+                      "or arrivals_s = [...] inline")
+    if (w.trace_csv or w.arrivals_s) and w.arrival is not Arrival.TRACE:
+        raise invalid("[workload] arrival", w.arrival.value,
+                      "'trace' when trace_csv or arrivals_s is set",
+                      "set arrival = \"trace\" or remove trace_csv/arrivals_s")
+    if w.arrival is not Arrival.TRACE and w.num_requests / w.qps > MAX_SPAN_S:
+        raise invalid("[workload] qps", w.qps,
+                      f"a rate at which {w.num_requests:,} requests span at most "
+                      f"{MAX_SPAN_S:g} s of simulated time (they would span "
+                      f"{w.num_requests / w.qps:.3g} s)",
+                      f"raise qps to at least {w.num_requests / MAX_SPAN_S:.3g} "
+                      "or lower num_requests")
+
     lat = s.latency
     for name, med, p99 in (("feature_fetch", lat.feature_fetch_ms, lat.feature_fetch_p99_ms),
                            ("network", lat.network_ms, lat.network_p99_ms)):
@@ -473,7 +582,8 @@ def _check(s: Scenario) -> Scenario:
     return s
 
 
-def scenario_from_dict(raw: Mapping[str, Any], base_dir: str | Path = ".") -> Scenario:
+def scenario_from_dict(raw: Mapping[str, Any], base_dir: str | Path | None = ".",
+                       sandbox: bool = False) -> Scenario:
     """Validate a parsed TOML document (or equivalent dict) into a Scenario."""
     if not isinstance(raw, Mapping):
         raise invalid("scenario", raw, "a table of sections", "start from `servelab plan --help`")
@@ -487,7 +597,8 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: str | Path = ".") -> Sc
             parts[key] = _section(key, v)
     if "model" in parts:
         parts["model"] = _check_model(parts["model"], set(raw["model"]))
-    return _check(Scenario(base_dir=str(base_dir), **parts))
+    return _check(Scenario(base_dir=None if base_dir is None else str(base_dir),
+                           sandbox=sandbox, **parts))
 
 
 def seed_path() -> Path:
@@ -497,21 +608,12 @@ def seed_path() -> Path:
 def load_scenario(source: str | Path) -> Scenario:
     """Load a scenario from a TOML file, or the built-in one named 'seed'."""
     path = seed_path() if str(source) == "seed" else Path(source)
-    try:
-        text = path.read_text("utf-8")
-    except FileNotFoundError:
-        raise invalid("--scenario", str(source), "a TOML file that exists, or 'seed'",
-                      "check the path, or use --scenario seed") from None
-    except OSError as exc:
-        raise invalid("--scenario", str(source), "a readable TOML file", str(exc)) from exc
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML ({exc}); fix: correct the file's syntax") from exc
+    raw = parse_toml(read_text(path, "--scenario", max_bytes=MAX_CONFIG_BYTES,
+                               what="scenario TOML file (or 'seed')"), cut(str(path)))
     try:
         return scenario_from_dict(raw, base_dir=path.parent)
     except InputError as exc:
-        raise InputError(f"{path}: {exc}") from None
+        raise InputError(f"{cut(str(path))}: {exc}") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> None:
@@ -525,7 +627,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> None:
             continue
         if section not in _SECTIONS:
             raise unknown_key("override", section, _SECTIONS)
-        raw.setdefault(section, {})[key] = value
+        table = raw.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise invalid(f"[{section}]", table, "a table of keys",
+                          f"set {section}.{cut(key, 40)} without also setting {section} itself")
+        table[key] = value
 
 
 def _plain(v: Any) -> Any:
@@ -550,6 +656,9 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
             v = getattr(obj, f.name)
             if f.name == "overrides":
                 d.update(dict(v))
+            elif f.name == "config":
+                if v is not None:
+                    d[f.name] = json.loads(v)
             elif f.name == "perf_analyzer_csv":
                 if v:
                     d[f.name] = {str(b): p for b, p in v}
@@ -576,7 +685,8 @@ def flatten(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def scenario_from_flat(flat: Mapping[str, Any], base_dir: str | Path = ".") -> Scenario:
+def scenario_from_flat(flat: Mapping[str, Any], base_dir: str | Path | None = ".",
+                       sandbox: bool = False) -> Scenario:
     """A scenario from flat ``section.key`` values, as a page sends them.
 
     [model] keys that the chosen kind does not take are dropped rather than
@@ -589,7 +699,7 @@ def scenario_from_flat(flat: Mapping[str, Any], base_dir: str | Path = ".") -> S
         kind = _enum(ServiceKind)("[model] kind", model.get("kind", ServiceKind.AFFINE.value))
         keep = _MODEL_KEYS[kind] | _MODEL_COMMON
         raw["model"] = {k: v for k, v in model.items() if k in keep}
-    return scenario_from_dict(raw, base_dir=base_dir)
+    return scenario_from_dict(raw, base_dir=base_dir, sandbox=sandbox)
 
 
 def scenario_to_toml(s: Scenario) -> str:

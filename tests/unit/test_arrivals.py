@@ -41,10 +41,23 @@ def test_gamma_has_the_asked_cv():
 def test_trace_csv(tmp_path):
     (tmp_path / "t.csv").write_text("user,arrival_ms\na,5\nb,1.5\nc,2\n")
     a = arrivals(tmp_path, arrival="trace", trace_csv="t.csv")
-    assert a.tolist() == [1_500_000, 2_000_000, 5_000_000]
+    assert a.tolist() == [0, 500_000, 3_500_000]  # sorted, from the first arrival
     (tmp_path / "bare.csv").write_text("0.5\n0.25\n")
     assert arrivals(tmp_path, arrival="trace", trace_csv="bare.csv").tolist() == [
-        250_000_000, 500_000_000]
+        0, 250_000_000]
+
+
+def test_trace_of_epoch_timestamps_fits_int64(tmp_path):
+    (tmp_path / "epoch.csv").write_text("timestamp\n1764500000.25\n1764500000.0\n1764500001.0\n")
+    a = arrivals(tmp_path, arrival="trace", trace_csv="epoch.csv")
+    assert a.tolist() == [0, 250_000_000, 1_000_000_000]
+
+
+def test_inline_trace_equals_the_csv(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival_s\n0.1\n0.4\n0.25\n")
+    from_file = arrivals(tmp_path, arrival="trace", trace_csv="t.csv")
+    inline = arrivals(tmp_path, arrival="trace", arrivals_s=[0.1, 0.4, 0.25])
+    assert from_file.tolist() == inline.tolist() == [0, 150_000_000, 300_000_000]
 
 
 def test_trace_errors(tmp_path):

@@ -43,7 +43,7 @@ def test_user_mistakes_are_one_line_without_traceback(tmp_path):
         (("simulate", "--qps", "-5"), "--qps ([workload] qps) = -5.0"),
         (("simulate", "--gpu", "H1OO"), "[hardware] gpu) = 'H1OO'"),
         (("simulate", "--gpu", "H1OO"), "did you mean 'H100'?"),
-        (("simulate", "--scenario", str(tmp_path / "none.toml")), "a TOML file that exists"),
+        (("simulate", "--scenario", str(tmp_path / "none.toml")), "no such file"),
         (("sweep", "qsp", "--values", "1,2"), "did you mean 'qps'?"),
         (("sweep", "qps"), "--start/--stop"),
     ]:

@@ -20,7 +20,7 @@ with warnings.catch_warnings():
 def client():  # type: ignore[no-untyped-def]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return TestClient(create_app())
+        return TestClient(create_app(), base_url="http://127.0.0.1")
 
 
 def test_update_is_the_api_report(client):

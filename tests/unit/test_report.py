@@ -56,8 +56,42 @@ def test_busy_cost_and_budget_by_hand():
     assert r.gpu.busy_fraction == pytest.approx(0.4, rel=1e-3)
     assert r.latency.mean_queue_ms == 0.0
     assert r.latency.p99_ms == pytest.approx(3.0 + 0.4 + 5.0)
-    assert r.plan.cost_per_million_usd == pytest.approx(0.9 / (1000 * 3600) * 1e6)
+    # 10,000 served from t = 0 to the last completion at 10 s + 0.4 ms.
+    served_per_s = 10_000 / 10.0004
+    assert r.throughput.served_per_s == pytest.approx(served_per_s, rel=1e-9)
+    assert r.plan.cost_per_million_usd == pytest.approx(0.9 / (served_per_s * 3600) * 1e6)
     assert r.gpu.batch_efficiency == pytest.approx(1.0)  # constant model at its max batch (1)
+
+
+def test_overload_throughput_is_served_over_the_span_it_took():
+    # The case: 10,000 offered/s into one instance that serves at most
+    # 8 rows per 1.0 + 0.8 ms = 4,444/s. The report must not claim the offered rate.
+    s = scenario_from_dict({
+        "workload": {"qps": 10_000.0, "num_requests": 40_000},
+        "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 500},
+        "model": {"kind": "affine", "base_ms": 1.0, "per_row_ms": 0.1},
+        "hardware": {"gpu": "H100-SXM", "num_gpus": 1, "price_per_gpu_hour": 2.0},
+    })
+    sim = simulate(s)
+    r = build_report(sim)
+    rec = sim.records
+    served = rec.served
+    by_hand = served.sum() / (rec.end_ns[served].max() / 1e9)
+    assert r.throughput.served_per_s == pytest.approx(by_hand, rel=1e-12)
+    assert r.throughput.served_per_s == pytest.approx(8 / 1.8e-3, rel=0.01)  # 4,444/s
+    assert r.plan.cost_per_million_usd == pytest.approx(2.0 / (by_hand * 3600) * 1e6)
+    assert any("cannot keep up" in n for n in r.notes)
+
+
+def test_timeout_shorter_than_the_window_is_warned():
+    s = load_scenario("seed").with_overrides({
+        "batching.default_timeout_microseconds": 1000, "workload.qps": 10.0,
+        "workload.num_requests": 2_000})
+    r = run_simulate(s)
+    assert r.requests.timed_out > 0.9 * r.requests.arrivals  # lone requests time out
+    assert any("default_timeout_microseconds (1,000 us) is shorter" in n for n in r.notes)
+    ok = run_simulate(s.with_overrides({"batching.default_timeout_microseconds": 5000}))
+    assert not any("default_timeout_microseconds" in n for n in ok.notes)
 
 
 def test_latency_components_add_up_in_the_mean():

@@ -89,7 +89,7 @@ def test_profile_csv_errors_are_clear(tmp_path):
     (tmp_path / "pa.csv").write_text("Concurrency,Inferences/Second\n1,20\n")
     with pytest.raises(InputError, match="Server Compute Infer"):
         model(kind="profile", perf_analyzer_csv={"1": "pa.csv"}, base_dir=str(tmp_path))
-    with pytest.raises(InputError, match="readable"):
+    with pytest.raises(InputError, match="no such file"):
         model(kind="profile", csv="missing.csv", base_dir=str(tmp_path))
 
 

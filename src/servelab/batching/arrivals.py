@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import csv
+import io
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from servelab.errors import InputError, invalid
-from servelab.scenario import Arrival, Workload
+from servelab.errors import InputError, cut, invalid
+from servelab.files import read_text
+from servelab.scenario import MAX_REQUESTS, MAX_SPAN_S, Arrival, Workload
 
 NS_PER_S = 1_000_000_000
 
@@ -17,13 +20,18 @@ _TRACE_UNITS = {"arrival_s": 1e9, "arrival_ms": 1e6, "arrival_us": 1e3, "timesta
 
 def load_trace(path: Path) -> np.ndarray:
     """Arrival times from a CSV: a column named arrival_s, arrival_ms, arrival_us or
-    timestamp (seconds), or a single unnamed column of seconds. Sorted on load."""
+    timestamp (seconds), or a single unnamed column of seconds. Sorted on load, and
+    shifted so the first arrival is at 0 (epoch timestamps would not fit in int64 ns)."""
+    text = read_text(path, "[workload] trace_csv", what="CSV of arrival times")
     try:
-        with path.open(newline="") as fh:
-            rows = list(csv.reader(fh))
-    except OSError as exc:
-        raise invalid("[workload] trace_csv", str(path), "a readable CSV file",
-                      "check the path (relative paths start at the scenario file)") from exc
+        rows = []
+        for row in csv.reader(io.StringIO(text, newline="")):
+            rows.append(row)
+            if len(rows) > MAX_REQUESTS + 1:
+                break
+    except csv.Error as exc:
+        raise InputError(f"[workload] trace_csv = {cut(str(path))!r}: not a CSV ({exc}); "
+                         "fix: one arrival time per row") from None
     if not rows:
         raise invalid("[workload] trace_csv", str(path), "at least one arrival", "add rows")
     header = [h.strip().lower() for h in rows[0]]
@@ -41,22 +49,46 @@ def load_trace(path: Path) -> np.ndarray:
     try:
         t = np.array([float(r[col]) for r in body if r], dtype=np.float64)
     except (ValueError, IndexError) as exc:
-        raise InputError(f"[workload] trace_csv = {str(path)!r}: a row is not a number ({exc}); "
-                         "fix: every row needs a numeric arrival time") from None
+        raise InputError(f"[workload] trace_csv = {cut(str(path))!r}: a row is not a number "
+                         f"({cut(str(exc), 80)}); fix: every row needs a numeric arrival time"
+                         ) from None
     if t.size == 0 or not np.all(np.isfinite(t)) or t.min() < 0:
         raise invalid("[workload] trace_csv", str(path), "finite arrival times >= 0",
                       "remove empty, negative or non-numeric rows")
-    return np.sort(np.rint(t * scale).astype(np.int64))
+    return to_ns(t * (scale / 1e9), "[workload] trace_csv")
 
 
-def generate_arrivals(w: Workload, rng: np.random.Generator, base_dir: str = ".") -> np.ndarray:
-    """Sorted arrival times in ns for the workload (the first arrival is after one gap)."""
+def to_ns(seconds: np.ndarray, field: str) -> np.ndarray:
+    """Sorted arrival times in seconds as int64 ns from the first arrival, range-checked."""
+    t = np.sort(np.asarray(seconds, dtype=np.float64))
+    t = t - t[0]
+    if t[-1] > MAX_SPAN_S:
+        raise invalid(field, f"a trace spanning {t[-1]:.3g} s", f"at most {MAX_SPAN_S:g} s "
+                      "from first to last arrival", "cut the trace, or check its time unit")
+    ns: np.ndarray = np.rint(t * NS_PER_S).astype(np.int64)
+    return ns
+
+
+def generate_arrivals(w: Workload, rng: np.random.Generator,
+                      base_dir: str | Callable[[str, str], Path] | None = ".") -> np.ndarray:
+    """Sorted arrival times in ns for the workload (the first arrival is after one gap).
+
+    A trace starts at its first arrival. `base_dir` resolves a relative trace path, or
+    is the scenario's own resolver (which applies the lab's sandbox).
+    """
     n = w.num_requests
     mean_gap_s = 1.0 / w.qps
     if w.arrival is Arrival.TRACE:
-        assert w.trace_csv is not None
-        p = Path(w.trace_csv)
-        t = load_trace(p if p.is_absolute() else Path(base_dir) / p)
+        if w.arrivals_s:
+            t = to_ns(np.asarray(w.arrivals_s), "[workload] arrivals_s")
+        else:
+            assert w.trace_csv is not None
+            if callable(base_dir):
+                path = base_dir(w.trace_csv, "[workload] trace_csv")
+            else:
+                p = Path(w.trace_csv)
+                path = p if p.is_absolute() or base_dir is None else Path(base_dir) / p
+            t = load_trace(path)
         trace: np.ndarray = t[:n] if n < t.size else t
         return trace
     if w.arrival is Arrival.POISSON:

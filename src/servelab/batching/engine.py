@@ -49,6 +49,38 @@ def _pending_batch_size(qlen: int, age_ns: int, preferred: np.ndarray, max_batch
     return 0
 
 
+@njit(cache=True, nogil=True)
+def _sift_up(key: np.ndarray, val: np.ndarray, i: int) -> None:
+    """Restore a binary min-heap on (key, val) after a push at position i."""
+    while i > 0:
+        parent = (i - 1) >> 1
+        if key[parent] < key[i] or (key[parent] == key[i] and val[parent] <= val[i]):
+            break
+        key[parent], key[i] = key[i], key[parent]
+        val[parent], val[i] = val[i], val[parent]
+        i = parent
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(key: np.ndarray, val: np.ndarray, size: int) -> None:
+    """Restore a binary min-heap on (key, val) after the root was replaced."""
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        small = left
+        right = left + 1
+        if right < size and (key[right] < key[left] or (
+                key[right] == key[left] and val[right] < val[left])):
+            small = right
+        if key[i] < key[small] or (key[i] == key[small] and val[i] <= val[small]):
+            break
+        key[small], key[i] = key[i], key[small]
+        val[small], val[i] = val[i], val[small]
+        i = small
+
+
 @njit(cache=True, nogil=True)  # nogil: the lab runs simulations on threads
 def run_batcher(
     arrival_ns: np.ndarray,
@@ -71,6 +103,10 @@ def run_batcher(
     (size, start_ns, end_ns, instance). ``end_ns`` is the completion time for
     a served request, the arrival for a rejected one, the deadline for a
     timed-out one; ``start_ns`` and ``batch`` are -1 unless served.
+
+    Instances are kept in two heaps, busy ones by (free time, index) and idle
+    ones by index, so a step costs O(log instances): a free instance with the
+    lowest index takes the next batch.
     """
     n = arrival_ns.size
     status = np.full(n, -1, np.int8)
@@ -81,8 +117,12 @@ def run_batcher(
     b_start = np.zeros(n, np.int64)
     b_end = np.zeros(n, np.int64)
     b_inst = np.zeros(n, np.int64)
-    busy_until = np.zeros(num_instances, np.int64)
-    busy = np.zeros(num_instances, np.bool_)
+    busy_t = np.zeros(num_instances, np.int64)  # heap of busy instances: free time, index
+    busy_i = np.zeros(num_instances, np.int64)
+    n_busy = 0
+    idle_i = np.arange(num_instances).astype(np.int64)  # heap of idle indices (sorted = heap)
+    idle_k = idle_i.copy()  # the heap's key is the index itself
+    n_idle = num_instances
     queue = np.empty(n, np.int64)
     head = 0
     tail = 0
@@ -94,24 +134,27 @@ def run_batcher(
         t = _NEVER
         if nxt < n:
             t = arrival_ns[nxt]
-        idle = 0
-        for k in range(num_instances):
-            if busy[k]:
-                t = min(t, busy_until[k])
-            else:
-                idle += 1
+        if n_busy > 0:
+            t = min(t, busy_t[0])
         if tail > head:
             oldest = arrival_ns[queue[head]]
-            if idle > 0 and delay_ns > 0:
+            if n_idle > 0 and delay_ns > 0:
                 t = min(t, oldest + delay_ns)
             if timeout_ns > 0:
                 t = min(t, oldest + timeout_ns)
         if t == _NEVER:
             break
 
-        for k in range(num_instances):
-            if busy[k] and busy_until[k] <= t:
-                busy[k] = False
+        while n_busy > 0 and busy_t[0] <= t:  # instances finishing now become idle
+            k = busy_i[0]
+            n_busy -= 1
+            busy_t[0] = busy_t[n_busy]
+            busy_i[0] = busy_i[n_busy]
+            _sift_down(busy_t, busy_i, n_busy)
+            idle_k[n_idle] = k
+            idle_i[n_idle] = k
+            _sift_up(idle_k, idle_i, n_idle)
+            n_idle += 1
 
         while nxt < n and arrival_ns[nxt] <= t:
             if max_queue_size > 0 and tail - head >= max_queue_size:
@@ -122,19 +165,17 @@ def run_batcher(
                 tail += 1
             nxt += 1
 
-        while tail > head:
-            inst = -1
-            for k in range(num_instances):
-                if not busy[k]:
-                    inst = k
-                    break
-            if inst < 0:
-                break
+        while tail > head and n_idle > 0:
             size = _pending_batch_size(
                 tail - head, t - arrival_ns[queue[head]], preferred, max_batch_size, delay_ns
             )
             if size == 0:
                 break
+            inst = idle_i[0]  # the idle instance with the lowest index
+            n_idle -= 1
+            idle_k[0] = idle_k[n_idle]
+            idle_i[0] = idle_i[n_idle]
+            _sift_down(idle_k, idle_i, n_idle)
             dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * multiplier[nb])))
             done = t + dur
             for j in range(head, head + size):
@@ -148,8 +189,10 @@ def run_batcher(
             b_start[nb] = t
             b_end[nb] = done
             b_inst[nb] = inst
-            busy[inst] = True
-            busy_until[inst] = done
+            busy_t[n_busy] = done
+            busy_i[n_busy] = inst
+            _sift_up(busy_t, busy_i, n_busy)
+            n_busy += 1
             nb += 1
 
         if timeout_ns > 0:

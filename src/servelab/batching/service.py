@@ -9,6 +9,8 @@ Where FLOPs per row are known, model FLOPs utilization (MFU) is reported too.
 from __future__ import annotations
 
 import csv
+import io
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from servelab.catalog import GpuSpec
-from servelab.errors import InputError, invalid
-from servelab.scenario import ServiceKind, ServiceModelSpec, Variability
+from servelab.errors import InputError, cut, invalid
+from servelab.files import read_text
+from servelab.scenario import MAX_BATCH, MAX_MS, ServiceKind, ServiceModelSpec, Variability
+
+MAX_PROFILE_BYTES = 16 * 1024 * 1024  # a profile is a few rows; perf_analyzer's CSV a few KiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,26 +98,41 @@ def _roofline(spec: ServiceModelSpec, gpu: GpuSpec, max_b: int
     return list(b), list(t), (1.0 / per_row_s if per_row_s > 0 else None)
 
 
+def _csv_rows(path: Path, field: str) -> list[dict[str, str]]:
+    text = read_text(path, field, max_bytes=MAX_PROFILE_BYTES, what="CSV")
+    try:
+        return list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise InputError(f"{field} = {cut(str(path))!r}: not a CSV ({cut(str(exc), 80)}); "
+                         "fix: save it as comma-separated text") from None
+
+
 def _read_simple_profile(path: Path) -> list[tuple[int, float]]:
     field = "[model] csv"
-    try:
-        with path.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise invalid(field, str(path), "a readable CSV", "check the path") from exc
+    rows = _csv_rows(path, field)
     if not rows:
         raise invalid(field, str(path), "rows of batch_size,latency_ms", "add measured rows")
-    cols = {c.strip().lower(): c for c in rows[0]}
+    cols = {c.strip().lower(): c for c in rows[0] if c is not None}
     unit = next(((c, s) for c, s in (("latency_ms", 1.0), ("latency_us", 1e-3)) if c in cols), None)
     if "batch_size" not in cols or unit is None:
         raise invalid(field, f"{path} columns {list(rows[0])}",
                       "columns batch_size and latency_ms (or latency_us)",
                       "rename the columns, or use perf_analyzer_csv for perf_analyzer output")
     try:
-        return [(int(r[cols["batch_size"]]), float(r[cols[unit[0]]]) * unit[1]) for r in rows]
-    except ValueError as exc:
-        raise InputError(f"{field} = {str(path)!r}: a row is not a number ({exc}); "
-                         "fix: batch_size must be whole, latency a number") from None
+        pts = [(int(r[cols["batch_size"]]), float(r[cols[unit[0]]]) * unit[1]) for r in rows]
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{field} = {cut(str(path))!r}: a row is not a number "
+                         f"({cut(str(exc), 80)}); fix: batch_size must be whole, latency a number"
+                         ) from None
+    return [_checked_point(field, path, b, ms) for b, ms in pts]
+
+
+def _checked_point(field: str, path: Path, b: int, ms: float) -> tuple[int, float]:
+    if not (1 <= b <= MAX_BATCH and math.isfinite(ms) and 0 < ms <= MAX_MS):
+        raise invalid(field, f"{cut(str(path))}: ({b}, {ms})",
+                      f"batch sizes 1..{MAX_BATCH} and latencies 0 < ms <= {MAX_MS:g}",
+                      "fix or remove that row")
+    return b, ms
 
 
 PA_COMPUTE = ("Server Compute Input", "Server Compute Infer", "Server Compute Output")
@@ -121,11 +141,7 @@ PA_COMPUTE = ("Server Compute Input", "Server Compute Infer", "Server Compute Ou
 def read_perf_analyzer_csv(path: Path, field: str = "[model] perf_analyzer_csv") -> float:
     """GPU execution time (ms) of one batch from a `perf_analyzer -f` CSV: the server's
     compute input + infer + output (microseconds) at the lowest concurrency measured."""
-    try:
-        with path.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise invalid(field, str(path), "a readable perf_analyzer CSV", "check the path") from exc
+    rows = _csv_rows(path, field)
     missing = [c for c in ("Concurrency", "Server Compute Infer") if not rows or c not in rows[0]]
     if missing:
         raise invalid(field, str(path), f"perf_analyzer -f output with columns {missing}",
@@ -133,22 +149,23 @@ def read_perf_analyzer_csv(path: Path, field: str = "[model] perf_analyzer_csv")
     try:
         row = min(rows, key=lambda r: float(r["Concurrency"]))
         us = sum(float(row[c]) for c in PA_COMPUTE if c in row and row[c] != "")
-    except ValueError as exc:
-        raise InputError(f"{field} = {str(path)!r}: a value is not a number ({exc}); "
-                         "fix: pass perf_analyzer's CSV unedited") from None
-    if us <= 0:
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"{field} = {cut(str(path))!r}: a value is not a number "
+                         f"({cut(str(exc), 80)}); fix: pass perf_analyzer's CSV unedited") from None
+    if not (math.isfinite(us) and 0 < us <= MAX_MS * 1e3):
         raise invalid(field, str(path), "a compute time > 0", "check the server-side columns")
     return us / 1e3
 
 
-def _profile(spec: ServiceModelSpec, resolve: Callable[[str], Path]
+def _profile(spec: ServiceModelSpec, resolve: Callable[[str, str], Path]
              ) -> tuple[list[float], list[float], None]:
     if spec.points:
         pts = list(spec.points)
     elif spec.csv:
-        pts = _read_simple_profile(resolve(spec.csv))
+        pts = _read_simple_profile(resolve(spec.csv, "[model] csv"))
     else:
-        pts = [(b, read_perf_analyzer_csv(resolve(p))) for b, p in spec.perf_analyzer_csv]
+        pts = [(b, read_perf_analyzer_csv(resolve(p, "[model] perf_analyzer_csv")))
+               for b, p in spec.perf_analyzer_csv]
     pts.sort()
     sizes = [b for b, _ in pts]
     if len(set(sizes)) != len(sizes) or any(ms <= 0 for _, ms in pts) or min(sizes) < 1:
@@ -158,12 +175,18 @@ def _profile(spec: ServiceModelSpec, resolve: Callable[[str], Path]
 
 
 def build_service_model(spec: ServiceModelSpec, gpu: GpuSpec, max_batch_size: int,
-                        base_dir: str = ".") -> ServiceModel:
-    """The service-time model a scenario describes, on the scenario's GPU."""
+                        base_dir: str | Callable[[str, str], Path] | None = ".") -> ServiceModel:
+    """The service-time model a scenario describes, on the scenario's GPU.
 
-    def resolve(p: str) -> Path:
+    `base_dir` resolves a relative profile path, or is the scenario's own resolver
+    (which applies the lab's sandbox).
+    """
+
+    def resolve(p: str, field: str) -> Path:
+        if callable(base_dir):
+            return base_dir(p, field)
         q = Path(p)
-        return q if q.is_absolute() else Path(base_dir) / q
+        return q if q.is_absolute() or base_dir is None else Path(base_dir) / q
 
     asym: float | None
     if spec.kind is ServiceKind.CONSTANT:

@@ -14,6 +14,7 @@ from servelab.batching.service import (
     draw_multipliers,
     exec_table_ns,
 )
+from servelab.errors import InputError
 from servelab.scenario import BatchingPolicy, Scenario
 
 
@@ -108,6 +109,28 @@ def _component(median_ms: float, p99_ms: float | None, n: int,
     return rng.lognormal(np.log(median_ms / 1e3), sigma, n)
 
 
+# Simulated time is int64 ns; the engine's "never" is 2**62. Keep every instant below this.
+MAX_TIME_NS = 1 << 61
+
+
+def check_time_range(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarray,
+                     policy: BatchingPolicy) -> None:
+    """Refuse a run whose clock could pass what int64 nanoseconds hold.
+
+    The latest any instant can be: the last arrival, plus every request run as its own
+    batch one after another at the slowest draw, plus the batch window.
+    """
+    n = arrival_ns.size
+    worst = (float(arrival_ns[-1]) if n else 0.0) + n * float(exec_ns.max()) * float(
+        multiplier.max(initial=1.0)) + policy.max_queue_delay_microseconds * 1e3 + (
+        policy.default_timeout_microseconds * 1e3)
+    if not worst < MAX_TIME_NS:
+        raise InputError(
+            f"[workload] num_requests = {n:,}: the run could reach {worst / 1e9:.3g} s of "
+            f"simulated time; expected at most {MAX_TIME_NS / 1e9:.3g} s (int64 nanoseconds); "
+            "fix: fewer requests, a faster [model], or a higher qps")
+
+
 def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulation:
     """Simulate a scenario. Same scenario (seed included), same result, bit for bit.
 
@@ -118,18 +141,20 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     policy = s.batching
     if service is None:
         service = build_service_model(s.model, s.hardware.spec(), policy.max_batch_size,
-                                      s.base_dir)
+                                      s.resolve_path)
     # Independent streams per purpose, so changing one part of the scenario does
     # not reshuffle the draws of another (common random numbers across a sweep).
     arr_rng, svc_rng, fetch_rng, net_rng = (
         np.random.default_rng(seq) for seq in np.random.SeedSequence(s.workload.seed).spawn(4)
     )
-    arrivals = generate_arrivals(s.workload, arr_rng, s.base_dir)
+    arrivals = generate_arrivals(s.workload, arr_rng, s.resolve_path)
     n = arrivals.size
     mult = draw_multipliers(s.model.variability, s.model.cv, n, svc_rng)
+    exec_ns = exec_table_ns(service, policy.max_batch_size)
+    check_time_range(arrivals, exec_ns, mult, policy)
     records = simulate_policy(
         arrivals,
-        exec_table_ns(service, policy.max_batch_size),
+        exec_ns,
         mult,
         policy,
         s.hardware.num_gpus * policy.instances_per_gpu,

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from servelab.errors import invalid
+from servelab.errors import StoreError, closest, cut, invalid
+from servelab.files import check_writable_target
 
 # The commands import the store's modules when they run, so `servelab --help` and the
 # serving commands start without loading DuckDB, PyArrow and Redis.
@@ -49,8 +50,25 @@ def init(
     """Create a ready example repo: definitions plus realistic synthetic data."""
     from servelab.features.example import generate
 
-    counts = generate(directory, users=users, merchants=merchants, days=days, labels=labels,
-                      seed=seed)
+    for label, v, hi in (("--users", users, 1_000_000), ("--merchants", merchants, 1_000_000),
+                         ("--days", days, 3_650), ("--labels", labels, 10_000_000),
+                         ("--seed", seed, 2**63 - 1)):
+        lo = 0 if label == "--seed" else 1
+        if not lo <= v <= hi:
+            raise invalid(label, v, f"a whole number from {lo} to {hi:,}",
+                          f"use {label} within that range")
+    if users * days > 20_000_000:
+        raise invalid("--users x --days", users * days, "at most 20,000,000 daily snapshots",
+                      "fewer users or fewer days")
+    if directory.exists() and not directory.is_dir():
+        raise invalid("features init", str(directory), "a directory (new or existing)",
+                      "choose a path that is not a file")
+    try:
+        counts = generate(directory, users=users, merchants=merchants, days=days,
+                          labels=labels, seed=seed)
+    except OSError as exc:
+        raise StoreError(f"features init {cut(str(directory))!r}: cannot write there "
+                         f"({exc.strerror or exc}); fix: choose a writable directory") from None
     if as_json:
         _emit({"repo": str(directory), "rows": counts})
         return
@@ -205,20 +223,29 @@ def historical(
     """Point-in-time-correct training data for entity rows."""
     from servelab.features.definitions import load_repo
     from servelab.features.offline import get_historical_features
+    if out is not None:  # before the join runs, not after
+        check_writable_target(out, "--out")
+        if out.suffix.lower() not in (".csv", ".parquet"):
+            raise invalid("--out", str(out), "a .parquet or .csv file name",
+                          "end the name with .parquet or .csv")
     r = load_repo(repo)
     t0 = time.perf_counter()
     table = get_historical_features(r, entities, _refs(features), engine=engine,
                                     full_feature_names=full_names)
     elapsed = time.perf_counter() - t0
     if out is not None:
-        if out.suffix.lower() == ".csv":
-            import pyarrow.csv as pacsv
+        try:
+            if out.suffix.lower() == ".csv":
+                import pyarrow.csv as pacsv
 
-            pacsv.write_csv(table, out)
-        else:
-            import pyarrow.parquet as pq
+                pacsv.write_csv(table, out)
+            else:
+                import pyarrow.parquet as pq
 
-            pq.write_table(table, out)
+                pq.write_table(table, out)
+        except OSError as exc:
+            raise StoreError(f"--out = {cut(str(out))!r}: cannot write ({exc}); "
+                             "fix: choose a writable path") from None
     if as_json:
         _emit({"rows": table.num_rows, "columns": table.column_names, "seconds": elapsed,
                "out": str(out) if out else None,
@@ -248,6 +275,9 @@ def parity_cmd(
     from servelab.features.definitions import load_repo
     from servelab.features.materialize import parity, parse_time
     from servelab.features.online import open_store
+    if not 1 <= sample <= 1_000_000:
+        raise invalid("--sample", sample, "a whole number from 1 to 1,000,000",
+                      "use e.g. --sample 200")
     r = load_repo(repo)
     s = open_store(r, store)
     report = parity(r, s, at=parse_time(at, "--at"), sample=sample)
@@ -285,7 +315,16 @@ def bench(
     from servelab.features.definitions import load_repo
     from servelab.features.materialize import to_us
     from servelab.features.online import open_store
+    if not 1 <= reads <= 1_000_000:
+        raise invalid("--reads", reads, "a whole number from 1 to 1,000,000",
+                      "use e.g. --reads 1000")
+    if scenario_out is not None:
+        check_writable_target(scenario_out, "--scenario-out")
     r = load_repo(repo)
+    if view is not None and view not in r.views:
+        guess = closest(view, r.views)
+        raise invalid("--view", view, f"one of {', '.join(r.views)}",
+                      f"did you mean {guess!r}?" if guess else "check the view name")
     v = r.views[view] if view else max(r.views.values(), key=lambda x: len(x.features))
     s = open_store(r, store)
     from servelab.features.offline.duckdb import DuckDBEngine, q, source_sql

@@ -7,7 +7,6 @@ dataclasses. A feature is referenced as ``view:feature``; output columns are
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -15,7 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from servelab.errors import InputError, closest, invalid, unknown_key
+from servelab.errors import InputError, closest, cut, invalid, unknown_key
+from servelab.files import MAX_CONFIG_BYTES, parse_toml, read_text
 
 REPO_FILE = "feature_repo.toml"
 
@@ -169,19 +169,22 @@ def _source(where: str, raw: Any, root: Path) -> Source:
 def load_repo(path: str | Path) -> Repo:
     """Read and validate a feature repo (a directory holding feature_repo.toml, or the file)."""
     p = Path(path)
-    file = p / REPO_FILE if p.is_dir() else p
     try:
-        raw = tomllib.loads(file.read_text("utf-8"))
-    except FileNotFoundError:
+        file = p / REPO_FILE if p.is_dir() else p
+        exists = file.exists()
+    except OSError:  # a name too long, say
+        exists = False
+        file = p
+    if not exists:
         raise invalid("--repo", str(path), f"a directory with {REPO_FILE}",
-                      "run `servelab features init DIR` first, or pass --repo DIR") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{file}: not valid TOML ({exc}); fix: correct its syntax") from None
+                      "run `servelab features init DIR` first, or pass --repo DIR")
+    raw = parse_toml(read_text(file, "--repo", max_bytes=MAX_CONFIG_BYTES,
+                               what=REPO_FILE), cut(str(file)))
     root = file.parent.resolve()
     try:
         return _repo(raw, root)
     except InputError as exc:
-        raise InputError(f"{file}: {exc}") from None
+        raise InputError(f"{cut(str(file))}: {exc}") from None
 
 
 def _repo(raw: dict[str, Any], root: Path) -> Repo:

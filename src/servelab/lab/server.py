@@ -8,9 +8,8 @@ Nothing is fetched from outside: plotly.js is served from the installed
 from __future__ import annotations
 
 import json
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -18,17 +17,23 @@ from typing import Any
 
 import plotly
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.api import run_plan, run_simulate, run_sweep
 from servelab.catalog import gpu_names
-from servelab.errors import InputError, ServelabError
+from servelab.errors import InputError, ServelabError, cut
+from servelab.files import parse_toml
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.scenario import (
+    MAX_QPS,
+    MAX_SPAN_S,
     Scenario,
     flatten,
     load_scenario,
@@ -44,6 +49,16 @@ PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 # Charts are sweeps of many simulations: fewer requests each keeps a slider live.
 CHART_REQUESTS = 5_000
 PAGING_REQUESTS = 400
+# Bounded work per call, so one page cannot take the server from everyone else: an
+# interactive update simulates at most this many requests (the page says when it caps),
+# the planner searches at most this many GPUs, and a request body is at most this large.
+LAB_MAX_REQUESTS = 200_000
+LAB_MAX_GPUS = 4_096
+LAB_MAX_BODY_BYTES = 4 * 1024 * 1024
+# The paging replay's pool: more tokens than its requests can ever hold changes nothing.
+PAGING_MAX_POOL_TOKENS = PAGING_REQUESTS * 4096
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 _pool = ThreadPoolExecutor(max_workers=2)
 
@@ -56,17 +71,53 @@ class TomlIn(BaseModel):
     toml: str
 
 
-def _scenario(state: dict[str, Any]) -> Scenario:
-    return _cached_scenario(tuple(sorted((k, _hashable(v)) for k, v in state.items())))
+@dataclass(frozen=True, slots=True)
+class LabConfig:
+    """What the lab was started with: where a page may name files, which hosts it answers."""
+
+    data_dir: str | None = None  # None: a page can name no file at all
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
 
-def _hashable(v: Any) -> Any:
-    return tuple(v) if isinstance(v, list) else v
+def _capped(s: Scenario) -> tuple[Scenario, tuple[str, ...]]:
+    """The scenario within the lab's per-call limits, and a note for each cap applied."""
+    notes = []
+    if s.workload.num_requests > LAB_MAX_REQUESTS:
+        notes.append(f"the lab simulates at most {LAB_MAX_REQUESTS:,} requests per update "
+                     f"(asked {s.workload.num_requests:,}); run `servelab simulate` for more")
+        s = replace(s, workload=replace(s.workload, num_requests=LAB_MAX_REQUESTS))
+    if s.plan.max_gpus > LAB_MAX_GPUS:
+        notes.append(f"the lab's planner searches at most {LAB_MAX_GPUS:,} GPUs "
+                     f"(asked {s.plan.max_gpus:,}); run `servelab plan` for more")
+        s = replace(s, plan=replace(s.plan, max_gpus=LAB_MAX_GPUS))
+    if s.hardware.num_gpus > LAB_MAX_GPUS:
+        notes.append(f"the lab simulates at most {LAB_MAX_GPUS:,} GPUs "
+                     f"(asked {s.hardware.num_gpus:,}); run `servelab simulate` for more")
+        s = replace(s, hardware=replace(s.hardware, num_gpus=LAB_MAX_GPUS))
+    return s, tuple(notes)
+
+
+def _frozen(v: Any) -> Any:
+    """A JSON value as a hashable key (lists to tuples, objects to sorted item tuples)."""
+    if isinstance(v, list):
+        return ("__list__", tuple(_frozen(x) for x in v))
+    if isinstance(v, dict):
+        return ("__dict__", tuple(sorted((str(k), _frozen(x)) for k, x in v.items())))
+    return v
+
+
+def _thawed(v: Any) -> Any:
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == "__list__":
+        return [_thawed(x) for x in v[1]]
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == "__dict__":
+        return {k: _thawed(x) for k, x in v[1]}
+    return v
 
 
 @lru_cache(maxsize=256)
-def _cached_scenario(items: tuple[tuple[str, Any], ...]) -> Scenario:
-    return scenario_from_flat({k: list(v) if isinstance(v, tuple) else v for k, v in items})
+def _cached_scenario(items: tuple[tuple[str, Any], ...], data_dir: str | None) -> Scenario:
+    return scenario_from_flat({k: _thawed(v) for k, v in items}, base_dir=data_dir,
+                              sandbox=True)
 
 
 def default_state() -> dict[str, Any]:
@@ -74,13 +125,18 @@ def default_state() -> dict[str, Any]:
 
 
 @lru_cache(maxsize=128)
-def _update(s: Scenario) -> dict[str, Any]:
+def _update(s: Scenario, caps: tuple[str, ...]) -> dict[str, Any]:
     sim = _pool.submit(run_simulate, s)
     planned = _pool.submit(run_plan, s)
     kv = kv_report(pool_spec(s)).to_dict() if s.llm is not None else None
     sim_r, plan_d = sim.result(), planned.result().to_dict()  # to_dict: NaN becomes null
+    sim_d = sim_r.to_dict()
+    notes = [*caps, *sim_d["notes"]]
+    notes += [n for n in plan_d["notes"] if n not in notes]
+    if kv is not None:
+        notes += [f"KV pool: {n}" for n in kv["notes"]]
     return {
-        "simulate": sim_r.to_dict(),
+        "simulate": sim_d,
         "plan": {
             "num_gpus": plan_d["plan"]["num_gpus"],
             "cost_per_million_usd": plan_d["plan"]["cost_per_million_usd"],
@@ -90,6 +146,7 @@ def _update(s: Scenario) -> dict[str, Any]:
             "busy_fraction": plan_d["gpu"]["busy_fraction"],
         },
         "kv": kv,
+        "notes": notes,
         "toml": scenario_to_toml(s),
         "state": flatten(scenario_to_dict(s)),
     }
@@ -105,9 +162,11 @@ def _charts(s: Scenario) -> dict[str, Any]:
     light = replace(s, workload=replace(s.workload, num_requests=min(
         CHART_REQUESTS, s.workload.num_requests)))
     delay_us = s.batching.max_queue_delay_microseconds
-    windows = sorted({int(round(v, -1)) for v in _around(delay_us, 0, 7, 2.5)} | {delay_us})
+    windows = sorted({min(60_000_000, int(round(v, -1))) for v in _around(delay_us, 0, 7, 2.5)}
+                     | {delay_us})
     qps = s.workload.qps
-    rates = [round(v, 1) for v in _around(qps, qps / 8, 7, 2.0)]
+    rates = [min(MAX_QPS, round(v, 1)) for v in _around(qps, qps / 8, 7, 2.0)]
+    rates = [r for r in rates if light.workload.num_requests / r <= MAX_SPAN_S] or [qps]
     w = _pool.submit(run_sweep, light, "max_queue_delay_us", windows)
     q = _pool.submit(run_sweep, light, "qps", rates)
     return {"window_sweep": w.result(), "qps_sweep": q.result(),
@@ -117,8 +176,15 @@ def _charts(s: Scenario) -> dict[str, Any]:
 @lru_cache(maxsize=32)
 def _paging(s: Scenario) -> dict[str, Any]:
     ctx = s.llm.context_tokens if s.llm is not None else 4096
+    capacity = kv_report(pool_spec(s)).pool.tokens_capacity
+    if capacity < 1:
+        raise InputError("[llm] pool: holds no KV tokens on these GPUs (the weights and "
+                         "reserves take all memory); fix: more GPUs, a larger GPU, or a "
+                         "smaller weight dtype")
+    pool_tokens = min(capacity, PAGING_MAX_POOL_TOKENS)
     report = run_paging(s, num_requests=PAGING_REQUESTS, max_len=min(ctx, 2048),
-                        prefix_tokens=256)
+                        prefix_tokens=256 if min(ctx, 2048) > 258 else 0,
+                        pool_tokens=pool_tokens)
     out = report.to_dict()
     for r in out["results"]:
         r.pop("series", None)  # the page shows averages; the CLI's --json has the series
@@ -129,22 +195,132 @@ def _paging(s: Scenario) -> dict[str, Any]:
         "paged_token_share": by["paged"]["under_load"]["token"],
         "contiguous_token_share": by["contiguous_max"]["under_load"]["token"],
     }
+    if pool_tokens < capacity:
+        out["notes"] = [*out["notes"], f"the replay's pool is capped at {pool_tokens:,} tokens "
+                        f"(the deployment holds {capacity:,}): {PAGING_REQUESTS} requests "
+                        "never need more"]
     return out
 
 
-def _json(obj: dict[str, Any]) -> Response:
+def _json(obj: dict[str, Any], status_code: int = 200) -> Response:
     """Reports are plain JSON already: skip FastAPI's recursive encoder (it costs more
     than the simulation's report on a slider move)."""
-    return Response(json.dumps(obj, allow_nan=False), media_type="application/json")
+    return Response(json.dumps(obj, allow_nan=False), status_code=status_code,
+                    media_type="application/json")
 
 
-def create_app() -> FastAPI:
+def _error(message: str, status_code: int) -> Response:
+    """Every error the lab sends: JSON, one line, the same words the CLI would print."""
+    return _json({"error": cut(message, 500)}, status_code)
+
+
+def _host_name(host_header: str) -> str:
+    """The host name of a Host header, without the port ("[::1]:8000" -> "::1")."""
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+class GuardMiddleware:
+    """Refuses, before any route runs: a Host the lab was not started for (DNS
+    rebinding: a page on another site resolving its own name to 127.0.0.1) with 403,
+    and a request body over the size limit with 413."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...], max_body: int) -> None:
+        self.app = app
+        self.allowed = {h.lower() for h in allowed_hosts}
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        host = _host_name(headers.get(b"host", b"").decode("latin-1"))
+        if host not in self.allowed:
+            shown_host = cut(repr(host), 60)
+            await _error(f"Host {shown_host}: the lab answers only "
+                         f"{', '.join(sorted(self.allowed))}; fix: open the lab by one of "
+                         "those names, or start it with --allow-host NAME", 403
+                         )(scope, receive, send)
+            return
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            await _error(f"request body of {cut(length.decode('latin-1'), 20)} bytes: "
+                         f"expected at most {self.max_body:,}; fix: send a smaller scenario",
+                         413)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    raise _BodyTooLargeError
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLargeError:
+            await _error(f"request body over {self.max_body:,} bytes; fix: send a smaller "
+                         "scenario", 413)(scope, receive, send)
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+def _one_line_validation(exc: RequestValidationError) -> str:
+    errs = exc.errors()
+    if not errs:
+        return "request body: not what the API expects; fix: send {\"state\": {...}}"
+    e = errs[0]
+    where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+    return (f"request {cut(where, 60)}: {cut(str(e.get('msg', 'invalid')), 120)}; "
+            "fix: send JSON like {\"state\": {\"workload.qps\": 2000}}")
+
+
+def create_app(config: LabConfig | None = None) -> FastAPI:
+    """The lab's app. Files named by a page are read only inside `config.data_dir`."""
+    cfg = config or LabConfig()
     app = FastAPI(title="servelab lab", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_middleware(GuardMiddleware, allowed_hosts=cfg.allowed_hosts,
+                       max_body=LAB_MAX_BODY_BYTES)
+
+    def scenario(state: dict[str, Any]) -> Scenario:
+        try:
+            items = tuple(sorted((str(k), _frozen(v)) for k, v in state.items()))
+            return _cached_scenario(items, cfg.data_dir)
+        except TypeError:  # unhashable or unorderable values: not a page's state
+            raise InputError("state: expected flat section.key values (numbers, strings, "
+                             "lists); fix: send the page's own state") from None
 
     @app.exception_handler(ServelabError)
-    async def user_error(_: Request, exc: ServelabError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=400)
+    async def user_error(_: Request, exc: ServelabError) -> Response:
+        return _error(str(exc), 400)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_: Request, exc: RequestValidationError) -> Response:
+        return _error(_one_line_validation(exc), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return _error(f"{request.method} {cut(request.url.path, 80)}: {exc.detail}",
+                      exc.status_code)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(_: Request, exc: RecursionError) -> Response:
+        return _error("request body: nested too deeply; fix: send flat section.key values",
+                      400)
+
+    @app.exception_handler(Exception)
+    async def bug(_: Request, exc: Exception) -> Response:  # a bug, still one JSON line
+        return _error(f"internal error ({type(exc).__name__}: {cut(str(exc), 200)}); "
+                      "please report it with the scenario", 500)
 
     @app.get("/")
     def index() -> FileResponse:
@@ -166,30 +342,38 @@ def create_app() -> FastAPI:
             "models": model_names(),
             "kv_dtypes": ["auto", *KV_DTYPES],
             "weight_dtypes": ["auto", *WEIGHT_DTYPES],
+            "limits": {"max_requests": LAB_MAX_REQUESTS, "max_gpus": LAB_MAX_GPUS},
         }
 
     @app.post("/api/update")
     def update(body: StateIn) -> Response:
-        return _json(_update(_scenario(body.state)))
+        s, caps = _capped(scenario(body.state))
+        return _json(_update(s, caps))
 
     @app.post("/api/charts")
     def charts(body: StateIn) -> Response:
-        return _json(_charts(_scenario(body.state)))
+        return _json(_charts(_capped(scenario(body.state))[0]))
 
     @app.post("/api/paging")
     def paging(body: StateIn) -> Response:
-        s = _scenario(body.state)
+        s = scenario(body.state)
         # Only the LLM pool matters here: key the cache on it alone.
-        return _json(_paging(replace(Scenario(), hardware=s.hardware, llm=s.llm)))
+        return _json(_paging(replace(Scenario(), hardware=s.hardware, llm=s.llm,
+                                     base_dir=s.base_dir, sandbox=True)))
 
     @app.post("/api/parse")
     def parse(body: TomlIn) -> dict[str, Any]:
-        try:
-            raw = tomllib.loads(body.toml)
-        except tomllib.TOMLDecodeError as exc:
-            raise InputError(f"scenario file: not valid TOML ({exc}); "
-                             "fix: load a file `servelab` or the lab exported") from None
-        return {"state": flatten(scenario_to_dict(scenario_from_dict(raw)))}
+        raw = parse_toml(body.toml, "scenario file")
+        s = scenario_from_dict(raw, base_dir=cfg.data_dir, sandbox=True)
+        # A file the scenario names must be one the lab may open: check it now, not on the
+        # first update, so Load TOML says what is wrong at once.
+        for field, path in (("[workload] trace_csv", s.workload.trace_csv),
+                            ("[model] csv", s.model.csv)):
+            if path:
+                s.resolve_path(path, field)
+        for _, path in s.model.perf_analyzer_csv:
+            s.resolve_path(path, "[model] perf_analyzer_csv")
+        return {"state": flatten(scenario_to_dict(s))}
 
     return app
 

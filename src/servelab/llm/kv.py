@@ -104,14 +104,20 @@ def session_bytes(model: ModelConfig, kv_dtype: str, context: int, tp: int = 1) 
     return sum(tokens_held(model, context)) * layer_bytes_per_token(model, kv_dtype, tp)
 
 
-def weights_bytes(model: ModelConfig, weight_dtype: str) -> float:
+def resolve_weight_dtype(weight_dtype: str, model: ModelConfig) -> str:
+    """'auto' is how vLLM loads the checkpoint: a quantized checkpoint's own dtype
+    (its config's quantization_config), else the config's torch_dtype."""
     d = weight_dtype.lower()
     if d == "auto":
-        d = _TORCH_DTYPES.get(model.torch_dtype, "bf16")
+        d = model.checkpoint_dtype or _TORCH_DTYPES.get(model.torch_dtype, "bf16")
     if d not in WEIGHT_DTYPES:
         raise invalid("--weight-dtype", weight_dtype, f"one of auto, {', '.join(WEIGHT_DTYPES)}",
                       "use bf16, fp8, int8 or int4")
-    return model.num_parameters * WEIGHT_DTYPES[d]
+    return d
+
+
+def weights_bytes(model: ModelConfig, weight_dtype: str) -> float:
+    return model.num_parameters * WEIGHT_DTYPES[resolve_weight_dtype(weight_dtype, model)]
 
 
 def activation_peak_bytes(model: ModelConfig, tp: int, max_num_batched_tokens: int,
@@ -266,7 +272,8 @@ def size_pool(p: PoolSpec) -> PoolReport:
     return PoolReport(
         model=m.key,
         kv_dtype=kv_dtype,
-        weight_dtype=p.weight_dtype,
+        weight_dtype=(resolve_weight_dtype(p.weight_dtype, m) if p.weights_gib is None
+                      else "given in GiB"),
         context_tokens=p.context_tokens,
         tp=p.tp,
         replicas=replicas,

@@ -6,15 +6,16 @@ Hugging Face ``config.json`` by path. Nothing is fetched from a hub.
 
 from __future__ import annotations
 
-import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from servelab.errors import InputError, closest, invalid
+from servelab.errors import closest, cut, invalid
+from servelab.files import MAX_CONFIG_BYTES, parse_json, read_text
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -39,6 +40,7 @@ class ModelConfig:
     qk_rope_head_dim: int | None = None
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # one per layer; () means every layer is FULL
+    checkpoint_dtype: str | None = None  # a quantized checkpoint's weight dtype (fp8, int4)
     source: str = ""
     params_source: str = ""
 
@@ -106,6 +108,91 @@ def estimate_parameters(cfg: dict[str, Any]) -> float:
     return float(emb + cfg["num_hidden_layers"] * (attn + mlp))
 
 
+# Ranges a config.json's numbers are held to: wide enough for any released model, narrow
+# enough that the sizing arithmetic and the per-layer lists stay small.
+_INT_RANGES = {
+    "num_hidden_layers": (1, 10_000),
+    "num_attention_heads": (1, 100_000),
+    "num_key_value_heads": (1, 100_000),
+    "hidden_size": (1, 10_000_000),
+    "head_dim": (1, 1_000_000),
+    "intermediate_size": (1, 100_000_000),
+    "moe_intermediate_size": (1, 100_000_000),
+    "vocab_size": (1, 100_000_000),
+    "max_position_embeddings": (1, 1_000_000_000),
+    "sliding_window": (1, 1_000_000_000),
+    "kv_lora_rank": (1, 1_000_000),
+    "qk_rope_head_dim": (1, 1_000_000),
+    "num_local_experts": (1, 100_000),
+    "n_routed_experts": (1, 100_000),
+}
+
+
+def _checked(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """The config with every number servelab reads checked for type and range."""
+    for key, (lo, hi) in _INT_RANGES.items():
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise invalid(f"{where} {key}", v, f"a whole number from {lo:,} to {hi:,}",
+                          f"fix {key} in the config")
+        cfg[key] = v
+    n = cfg.get("num_parameters")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int | float)
+                          or not 0 < float(n) <= 1e15):
+        raise invalid(f"{where} num_parameters", n, "a number > 0 and <= 1e15",
+                      "fix num_parameters, or remove it to estimate from the shapes")
+    for key in ("torch_dtype", "name", "source", "params_source"):
+        if key in cfg and not isinstance(cfg[key], str):
+            raise invalid(f"{where} {key}", cfg[key], "a string", f"quote {key} in the config")
+    if "layer_types" in cfg and cfg["layer_types"] is not None and not (
+            isinstance(cfg["layer_types"], list)
+            and all(isinstance(x, str) for x in cfg["layer_types"])):
+        raise invalid(f"{where} layer_types", cfg["layer_types"], "a list of strings",
+                      "fix layer_types in the config")
+    if "layer_pattern" in cfg and not (isinstance(cfg["layer_pattern"], list)
+                                       and cfg["layer_pattern"]):
+        raise invalid(f"{where} layer_pattern", cfg["layer_pattern"], "a non-empty list",
+                      "fix layer_pattern in the config")
+    kvh, heads = cfg.get("num_key_value_heads"), cfg.get("num_attention_heads")
+    if kvh is not None and heads is not None and kvh > heads:
+        raise invalid(f"{where} num_key_value_heads", kvh,
+                      f"at most num_attention_heads ({heads})", "fix the config")
+    if cfg.get("hidden_size") and heads and not cfg.get("head_dim") and (
+            cfg["hidden_size"] < heads):
+        raise invalid(f"{where} hidden_size", cfg["hidden_size"],
+                      f"at least num_attention_heads ({heads}) when head_dim is not given",
+                      "set head_dim in the config")
+    return cfg
+
+
+def checkpoint_dtype(cfg: dict[str, Any], where: str) -> str | None:
+    """The weight dtype a quantized checkpoint ships in (its ``quantization_config``),
+    as vLLM loads it; None for an unquantized checkpoint (the torch_dtype applies)."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise invalid(f"{where} quantization_config", q, "a table", "fix the config")
+    method = str(q.get("quant_method", "")).lower()
+    bits = q.get("bits", q.get("w_bit"))
+    if method in ("fp8", "fbgemm_fp8", "modelopt"):
+        return "fp8"
+    if method in ("awq", "gptq", "marlin", "awq_marlin", "gptq_marlin") and bits in (4, 8):
+        return "int4" if bits == 4 else "int8"
+    if method == "bitsandbytes":
+        if q.get("load_in_4bit"):
+            return "int4"
+        if q.get("load_in_8bit"):
+            return "int8"
+    raise invalid(f"{where} quantization_config.quant_method", method or None,
+                  "fp8, awq or gptq (4 or 8 bits), or bitsandbytes",
+                  "give --weight-dtype (weight_dtype) explicitly for this checkpoint")
+
+
 def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
     def need(field: str) -> Any:
         if field not in cfg:
@@ -113,6 +200,7 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
                           "use a transformer config.json (it lists num_hidden_layers, ...)")
         return cfg[field]
 
+    cfg = _checked(dict(cfg), where)
     n_layers = int(need("num_hidden_layers"))
     heads = int(need("num_attention_heads"))
     hidden = int(need("hidden_size"))
@@ -135,6 +223,7 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
         sliding_window=(None if cfg.get("use_sliding_window") is False
                         else cfg.get("sliding_window")),
         layer_types=_layer_types(cfg, n_layers, where),
+        checkpoint_dtype=checkpoint_dtype(cfg, where),
         source=str(cfg.get("source", where)),
         params_source=str(cfg.get("params_source",
                                   "estimated from the config's shapes" if "num_parameters"
@@ -142,26 +231,36 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
     )
 
 
-def get_model(name_or_path: str, field: str = "--model") -> ModelConfig:
-    """A catalog model by name (case-insensitive), or a config.json by path."""
-    p = Path(name_or_path)
-    if name_or_path.endswith(".json") or p.is_file():
-        try:
-            cfg = json.loads(p.read_text("utf-8"))
-        except FileNotFoundError:
-            raise invalid(field, name_or_path, "a config.json that exists, or a catalog model",
-                          f"check the path, or use one of {', '.join(model_names())}") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InputError(f"{field} = {name_or_path!r}: not a readable JSON config ({exc}); "
-                             "fix: pass a Hugging Face config.json") from None
-        if not isinstance(cfg, dict):
-            raise invalid(field, name_or_path, "a JSON object", "pass a config.json")
-        return _from_dict(p.stem if p.name != "config.json" else p.parent.name or "model",
-                          cfg, f"{name_or_path}:")
+def model_from_config(cfg: Any, where: str, key: str = "model") -> ModelConfig:
+    """A model from a config.json's contents (parsed), validated key by key."""
+    if not isinstance(cfg, dict):
+        raise invalid(where, cfg, "a JSON object (a config.json)", "pass a config.json")
+    return _from_dict(key, cfg, f"{where}:")
+
+
+def looks_like_path(name: str) -> bool:
+    """A model name that is a file path rather than a catalog key (decided without
+    touching the file system, so naming a path reveals nothing about it)."""
+    return name.endswith(".json") or "/" in name or "\\" in name
+
+
+def get_model(name_or_path: str, field: str = "--model",
+              resolve: Callable[[str, str], Path] | None = None) -> ModelConfig:
+    """A catalog model by name (case-insensitive), or a config.json by path.
+
+    `resolve` turns a path into the file to read (the scenario's sandbox in the lab);
+    by default a path is read as given.
+    """
     catalog = _catalog()
     key = name_or_path.strip().lower()
-    if key not in catalog:
-        guess = closest(key, catalog, cutoff=0.5)
-        raise invalid(field, name_or_path, f"one of {', '.join(catalog)} or a config.json path",
-                      f"did you mean {guess!r}?" if guess else "pick a catalog model")
-    return _from_dict(key, catalog[key], f"catalog {key}:")
+    if key in catalog:
+        return _from_dict(key, catalog[key], f"catalog {key}:")
+    if looks_like_path(name_or_path):
+        p = resolve(name_or_path, field) if resolve is not None else Path(name_or_path)
+        text = read_text(p, field, max_bytes=MAX_CONFIG_BYTES, what="config.json")
+        cfg = parse_json(text, f"{field} = {cut(name_or_path)!r}")
+        return model_from_config(cfg, cut(name_or_path),
+                                 p.stem if p.name != "config.json" else p.parent.name or "model")
+    guess = closest(key, catalog, cutoff=0.5) if len(key) < 200 else None
+    raise invalid(field, name_or_path, f"one of {', '.join(catalog)} or a config.json path",
+                  f"did you mean {guess!r}?" if guess else "pick a catalog model")

@@ -26,6 +26,7 @@ never both, never beyond the pool.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from servelab.errors import invalid
+from servelab.files import read_text
 
 
 class Strategy(Enum):
@@ -185,11 +187,15 @@ def synthetic_workload(name: str, num_requests: int, rate_per_step: float, max_l
 def trace_workload(path: Path, num_requests: int, rate_per_step: float, max_len: int,
                    prefix_tokens: int, rng: np.random.Generator) -> Workload:
     """Lengths from a CSV with prompt_tokens and output_tokens columns (first N rows)."""
+    text = read_text(path, "--lengths", what="CSV of prompt_tokens,output_tokens")
     try:
-        with path.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise invalid("--lengths", str(path), "a readable CSV", "check the path") from exc
+        rows = []
+        for row in csv.DictReader(io.StringIO(text, newline="")):
+            rows.append(row)
+            if len(rows) >= num_requests:
+                break
+    except csv.Error as exc:
+        raise invalid("--lengths", str(path), "a CSV", f"fix the file ({exc})") from None
     if not rows or not {"prompt_tokens", "output_tokens"} <= set(rows[0]):
         raise invalid("--lengths", str(path), "columns prompt_tokens and output_tokens",
                       "rename the CSV's columns")
@@ -197,10 +203,12 @@ def trace_workload(path: Path, num_requests: int, rate_per_step: float, max_len:
     try:
         prompt = np.array([int(r["prompt_tokens"]) for r in rows], dtype=np.int64)
         output = np.array([int(r["output_tokens"]) for r in rows], dtype=np.int64)
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):
         raise invalid("--lengths", str(path), "whole token counts", "fix the rows") from None
-    if (prompt < 1).any() or (output < 1).any():
-        raise invalid("--lengths", str(path), "counts >= 1", "drop empty rows")
+    if (prompt < 1).any() or (output < 1).any() or (prompt > 10**8).any() or (
+            output > 10**8).any():
+        raise invalid("--lengths", str(path), "counts from 1 to 100,000,000",
+                      "drop empty or corrupt rows")
     return _finish(rng, len(rows), rate_per_step, prompt + prefix_tokens, output, max_len,
                    prefix_tokens)
 
@@ -344,6 +352,15 @@ def simulate_paging(
         return seq
 
     while (completed + rejected < n) and step < max_steps:
+        if not running and not waiting and nxt < n and work.arrival_step[nxt] > step:
+            # Nothing in the system until the next arrival: the pool is all free meanwhile.
+            skip = min(int(work.arrival_step[nxt]), max_steps) - step
+            sums["free"] += skip
+            room = min(skip, 100_000 - len(series["token"]))
+            for key in series:
+                series[key].extend([1.0 if key == "free" else 0.0] * room)
+            step += skip
+            continue
         while nxt < n and work.arrival_step[nxt] <= step:
             waiting.append(nxt)
             nxt += 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,7 +14,7 @@ import numpy as np
 from servelab.catalog import get_gpu
 from servelab.errors import invalid
 from servelab.llm.kv import KV_DTYPES, PoolReport, PoolSpec, longest_context, size_pool
-from servelab.llm.models import get_model
+from servelab.llm.models import get_model, model_from_config
 from servelab.llm.paging import (
     PagingResult,
     Strategy,
@@ -23,14 +25,32 @@ from servelab.llm.paging import (
 )
 from servelab.scenario import LlmPool, Scenario
 
+# Bounded work: the replay is a Python loop over decode steps, about 3 us a token.
+MAX_PAGING_REQUESTS = 100_000
+MAX_DECODE_TOKENS = 10_000_000  # generated tokens per strategy (~30 s each at worst)
+MAX_POOL_TOKENS = 100_000_000  # the block pool's books are Python lists
+
 
 def pool_spec(s: Scenario, *, memory_runtime_gib: float | None = None,
               weights_gib: float | None = None, activation_gib: float | None = None,
               non_torch_gib: float | None = None, cudagraph_gib: float = 0.0) -> PoolSpec:
     """The scenario's [llm] section as a vLLM deployment (its gpu defaults to [hardware])."""
     p = s.llm or LlmPool()
+    if p.config is not None:
+        model = model_from_config(json.loads(p.config), "[llm] config", "config")
+    else:
+        model = get_model(p.model, "[llm] model", resolve=s.resolve_path if s.sandbox else None)
+    for name, v, lo, hi in (("--memory-gib", memory_runtime_gib, 0.0, 1e6),
+                            ("--weights-gib", weights_gib, 0.0, 1e7),
+                            ("--activation-gib", activation_gib, 0.0, 1e6),
+                            ("--non-torch-gib", non_torch_gib, 0.0, 1e6),
+                            ("--cudagraph-gib", cudagraph_gib, 0.0, 1e6)):
+        if v is not None and not (math.isfinite(v) and lo <= v <= hi and (
+                v > 0 or name != "--memory-gib")):
+            raise invalid(name, v, f"a number of GiB {'>' if name == '--memory-gib' else '>='} "
+                          f"{lo:g} and <= {hi:g}", f"give {name} as a positive size in GiB")
     return PoolSpec(
-        model=get_model(p.model, "[llm] model"),
+        model=model,
         gpu=get_gpu(p.gpu or s.hardware.gpu),
         kv_dtype=p.kv_dtype,
         weight_dtype=p.weight_dtype,
@@ -112,7 +132,7 @@ class KvReport:
 
 def kv_report(spec: PoolSpec, sessions: int | None = None) -> KvReport:
     return KvReport(spec, size_pool(spec), sessions,
-                    longest_context(spec, sessions) if sessions else None)
+                    longest_context(spec, sessions) if sessions is not None else None)
 
 
 
@@ -153,17 +173,32 @@ def run_paging(s: Scenario, *, lengths: str = "sharegpt", num_requests: int = 20
     pool can serve, so memory is the bottleneck for every strategy.
     """
     spec = pool_spec(s)
+    given_pool = pool_tokens is not None
     if pool_tokens is None:
         pool_tokens = size_pool(spec).tokens_capacity
-    max_len = max_len or spec.context_tokens
-    for name, v, lo in (("--requests", num_requests, 1), ("--pool-tokens", pool_tokens, 1),
-                        ("--max-len", max_len, 2), ("--prefix-tokens", prefix_tokens, 0)):
-        if v < lo:
-            raise invalid(name, v, f"a whole number >= {lo}",
-                          "the [llm] pool may hold nothing: check `servelab kv`"
-                          if name == "--pool-tokens" else f"use {name} {max(lo, 1)} or more")
-    if iteration_ms <= 0:
-        raise invalid("--iteration-ms", iteration_ms, "a time > 0", "use e.g. 20")
+    if max_len is None:
+        max_len = spec.context_tokens
+    for name, v, lo, hi in (("--requests", num_requests, 1, MAX_PAGING_REQUESTS),
+                            ("--pool-tokens", pool_tokens, 1, MAX_POOL_TOKENS),
+                            ("--max-len", max_len, 2, 10_000_000),
+                            ("--prefix-tokens", prefix_tokens, 0, 10_000_000)):
+        if not lo <= v <= hi:
+            fix = (f"use {name} {max(lo, 1)} or more" if v < lo else f"use {name} {hi:,} or less")
+            if name == "--pool-tokens" and v < lo and not given_pool:
+                fix = "the [llm] pool holds nothing: check `servelab kv`"
+            elif name == "--pool-tokens" and not given_pool:
+                fix = (f"the [llm] pool holds {v:,} tokens; replay a part of it with "
+                       f"--pool-tokens {hi:,}")
+            raise invalid(name, v, f"a whole number from {lo:,} to {hi:,}", fix)
+    if pool_tokens // spec.block_size < 1:
+        raise invalid("--pool-tokens", pool_tokens, f"at least one block ({spec.block_size} "
+                      "tokens)", f"use --pool-tokens {spec.block_size} or more")
+    if not (math.isfinite(iteration_ms) and 0 < iteration_ms <= 1e6):
+        raise invalid("--iteration-ms", iteration_ms, "a time > 0 and <= 1e6 ms", "use e.g. 20")
+    if not 0 <= seed <= 2**63 - 1:
+        raise invalid("--seed", seed, "a whole number >= 0", "use e.g. --seed 0")
+    if qps is not None and not (math.isfinite(qps) and 1e-6 <= qps <= 1e9):
+        raise invalid("--qps", qps, "a rate from 1e-6 to 1e9 per second", "use e.g. --qps 20")
     rng = np.random.default_rng(seed)
     path = Path(lengths)
     if lengths.endswith(".csv") or path.is_file():
@@ -171,6 +206,12 @@ def run_paging(s: Scenario, *, lengths: str = "sharegpt", num_requests: int = 20
     else:
         probe = synthetic_workload(lengths, num_requests, 1.0, max_len, prefix_tokens, rng)
     p_mean, o_mean = float(probe.prompt.mean()), float(probe.output.mean())
+    decode_steps = int(probe.output.sum())
+    if decode_steps > MAX_DECODE_TOKENS:
+        raise invalid("--requests", num_requests,
+                      f"a replay of at most {MAX_DECODE_TOKENS:,} generated tokens per strategy "
+                      f"(these requests generate {decode_steps:,})",
+                      "replay fewer requests, or lower --max-len")
     if qps is None:
         in_flight = p_mean + o_mean / 2
         concurrent = min(pool_tokens / in_flight, spec.max_num_seqs)

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from servelab.errors import InputError, invalid
+from servelab.errors import InputError, cut, invalid
 from servelab.features.definitions import DTYPES, FeatureView, Repo
 
 ENTITY_TS = "event_timestamp"
@@ -36,16 +36,26 @@ def read_entity_rows(rows: Any) -> pa.Table:
         return rows
     if isinstance(rows, str | Path):
         p = Path(rows)
-        if not p.exists():
+        try:
+            is_file = p.is_file()
+        except OSError:  # a name too long, say
+            is_file = False
+        if not is_file:
             raise invalid("--entities", str(rows), "a Parquet or CSV file that exists",
                           "check the path")
-        if p.suffix.lower() == ".csv":
-            import pyarrow.csv as pacsv
+        try:
+            if p.suffix.lower() == ".csv":
+                import pyarrow.csv as pacsv
 
-            return pacsv.read_csv(p)
-        import pyarrow.parquet as pq
+                return pacsv.read_csv(p)
+            import pyarrow.parquet as pq
 
-        return pq.read_table(p)
+            return pq.read_table(p)
+        except (pa.ArrowException, OSError) as exc:
+            kind = "CSV" if p.suffix.lower() == ".csv" else "Parquet"
+            raise InputError(f"--entities = {cut(str(rows))!r}: not a readable {kind} file "
+                             f"({cut(str(exc), 160)}); fix: write the entity rows with "
+                             "pandas/pyarrow (join keys and event_timestamp)") from None
     if hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
         return pa.Table.from_pandas(rows, preserve_index=False)
     raise invalid("entity rows", type(rows).__name__, "a pyarrow Table, a pandas DataFrame or "

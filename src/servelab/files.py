@@ -1,0 +1,110 @@
+"""Reading a user's files: one place that turns every way a file can be wrong into one line.
+
+A scenario, a trace, a profile, a config.json: each is read whole, as UTF-8
+text, up to a size cap, so a directory, a device (``/dev/zero``), a binary
+file, a name too long or a Latin-1 byte is a clear ``InputError`` naming the
+field, never a traceback or an unbounded read. Parsers (TOML, JSON) are wrapped
+the same way, including documents nested deeply enough to exhaust Python's
+recursion limit.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from servelab.errors import InputError, cut
+
+# A scenario, a config.json or a feature repo is a few KiB; traces and profiles may be
+# larger. Anything past this is not what the field is for (or is /dev/zero).
+MAX_TEXT_BYTES = 64 * 1024 * 1024  # 64 MiB
+MAX_CONFIG_BYTES = 4 * 1024 * 1024  # 4 MiB: scenarios, config.json, feature_repo.toml
+
+
+def read_text(path: str | Path, field: str, *, max_bytes: int = MAX_TEXT_BYTES,
+              what: str = "file") -> str:
+    """A file's whole text, or an InputError that says what is wrong with it and the fix."""
+    shown = cut(str(path))
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device (/dev/zero): never read it
+            raise InputError(f"{field} = {shown}: not a regular file; "
+                             f"fix: give the path of a {what}")
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except InputError:
+        raise
+    except FileNotFoundError:
+        raise InputError(f"{field} = {shown}: no such file; fix: check the path "
+                         "(relative paths start at the scenario file, or the current "
+                         "folder for a flag)") from None
+    except IsADirectoryError:
+        raise InputError(f"{field} = {shown}: is a folder, expected a {what}; "
+                         "fix: name the file inside it") from None
+    except PermissionError:
+        raise InputError(f"{field} = {shown}: permission denied; "
+                         "fix: make the file readable, or copy it somewhere readable") from None
+    except OSError as exc:
+        reason = "file name too long" if exc.errno == errno.ENAMETOOLONG else (
+            exc.strerror or type(exc).__name__)
+        raise InputError(f"{field} = {shown}: cannot read ({reason}); "
+                         f"fix: give the path of a readable {what}") from None
+    except ValueError:  # embedded NUL in the path
+        raise InputError(f"{field} = {shown}: not a valid path; fix: give a file path") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{field} = {shown}: larger than {max_bytes // (1024 * 1024)} MiB; "
+                         f"fix: give a smaller {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{field} = {shown}: not UTF-8 text (byte 0x{data[exc.start]:02x} at "
+                         f"offset {exc.start}); fix: save the {what} as UTF-8") from None
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """TOML text to a dict, with syntax errors and runaway nesting as one line."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{where}: not valid TOML ({cut(str(exc), 200)}); "
+                         "fix: correct the file's syntax") from None
+    except RecursionError:
+        raise InputError(f"{where}: TOML nested too deeply; fix: flatten the tables") from None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """JSON text to Python values, with syntax errors and runaway nesting as one line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not valid JSON ({cut(str(exc), 200)}); "
+                         "fix: correct the file's syntax") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply; fix: flatten the document") from None
+
+
+def check_writable_target(path: str | Path, field: str) -> Path:
+    """Check, before any work, that a file can be written at `path` (its folder exists)."""
+    p = Path(path)
+    shown = cut(str(path))
+    try:
+        if p.is_dir():
+            raise InputError(f"{field} = {shown}: is a folder; fix: give a file name inside it")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise InputError(f"{field} = {shown}: folder {cut(str(parent))} does not exist; "
+                             "fix: create it first, or choose another path")
+        if not os.access(parent, os.W_OK):
+            raise InputError(f"{field} = {shown}: folder {cut(str(parent))} is not writable; "
+                             "fix: choose a writable path")
+    except OSError as exc:
+        raise InputError(f"{field} = {shown}: not a usable path ({exc.strerror}); "
+                         "fix: choose a shorter or valid path") from None
+    return p
