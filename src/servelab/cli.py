@@ -89,6 +89,10 @@ def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario
         given["batching.preferred_batch_size"] = None  # Typer gives [] for "not given"
     if given.get("llm.num_gpus") is not None and given.get("llm.tp") is None:
         given["llm.tp"] = 0  # --num-gpus alone: one tensor-parallel group over all of them
+    if given.get("llm.model") is not None:  # the scenario's dtypes belong to its own model
+        for key in ("llm.weight_dtype", "llm.kv_dtype"):
+            if key in given and given[key] is None:
+                given[key] = "auto"
     if given.get("llm.tp") and given.get("llm.num_gpus") is None:
         given["llm.num_gpus"] = given["llm.tp"]  # --tp alone (vLLM's -tp): one group of tp
     try:
@@ -415,8 +419,24 @@ def main() -> None:
     """
     import os
 
+    from typer import _click as click
+
     try:
-        app()
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except click.exceptions.NoArgsIsHelpError:  # `servelab` alone: Typer printed the help
+        sys.exit(0)
+    except click.exceptions.UsageError as exc:  # a flag Typer could not parse: one line too
+        where = exc.ctx.command_path if exc.ctx is not None else "servelab"
+        _say(f"{exc.format_message()}; fix: see '{where} --help'")
+        sys.exit(2)
+    except click.exceptions.ClickException as exc:
+        _say(exc.format_message())
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        stderr.print("interrupted", highlight=False)
+        sys.exit(130)
     except ServelabError as exc:
         _say(str(exc))
         sys.exit(1)

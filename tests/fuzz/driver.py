@@ -1,0 +1,62 @@
+"""Runs `servelab` command lines in one long-lived process, as the fuzz tests send them.
+
+A line of JSON in (an argv list), a line of JSON out: the exit code, stdout and stderr
+of that one run, how long it took and the process's peak memory so far. Running every
+case in one process keeps a few hundred cases fast (no interpreter start, Numba's
+compiled engine reused); the parent enforces the time limit by killing this process,
+and the data limit below turns a runaway allocation into a MemoryError that the CLI
+must report like any other input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import resource
+import sys
+import time
+
+# Any case that tries to hold more than this fails the allocation instead of the machine.
+DATA_LIMIT_BYTES = 3 * 1024**3
+
+
+def run_one(argv: list[str]) -> dict[str, object]:
+    from servelab.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: object = 0
+    t0 = time.perf_counter()
+    sys.argv = ["servelab", *argv]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException as exc:  # noqa: BLE001 - anything escaping main is the finding
+            code = "escaped"
+            err.write(f"Traceback (escaped main): {type(exc).__name__}: {exc}\n")
+    if code is None:
+        code = 0
+    return {
+        "code": code,
+        "stdout": out.getvalue()[-2000:],
+        "stderr": err.getvalue()[-4000:],
+        "seconds": time.perf_counter() - t0,
+        "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
+
+
+def main() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = DATA_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(hard, DATA_LIMIT_BYTES)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    real_out = sys.stdout
+    for line in sys.stdin:
+        result = run_one(json.loads(line))
+        real_out.write(json.dumps(result) + "\n")
+        real_out.flush()
+
+
+if __name__ == "__main__":
+    main()
