@@ -318,6 +318,7 @@ def lab(
     """Start the interactive lab in your browser (no server to install)."""
     import os
     import socket
+    import threading
 
     import uvicorn
 
@@ -343,17 +344,27 @@ def lab(
                           "or another --host") from exc
     url = f"http://{host}:{port}"
     stderr.print(f"servelab lab on [bold]{url}[/] (Ctrl+C to stop)", highlight=False)
-    # Ctrl+C: uvicorn gives in-flight requests a second, then we leave at once, without
-    # waiting for a simulation still running on a worker thread.
-    try:
-        uvicorn.run(lab_app, host=host, port=port, log_level="warning",
-                    timeout_graceful_shutdown=1)
-    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has stopped
-        pass
-    finally:
+    # Ctrl+C (or SIGTERM): uvicorn starts its graceful shutdown, and a watchdog ends the
+    # process 0.6 s later whatever is still running: a simulation on a worker thread
+    # cannot be interrupted, and nothing the lab holds needs flushing.
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            threading.Timer(0.6, _leave).start()
+            super().handle_exit(sig, frame)
+
+    def _leave() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+    try:
+        Server(uvicorn.Config(lab_app, host=host, port=port, log_level="warning",
+                              timeout_graceful_shutdown=1)).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has stopped
+        pass
+    finally:
+        _leave()
 
 
 MAX_SWEEP_POINTS = 1_000

@@ -72,7 +72,7 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
     """TOML text to a dict, with syntax errors and runaway nesting as one line."""
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer of thousands of digits
         raise InputError(f"{where}: not valid TOML ({cut(str(exc), 200)}); "
                          "fix: correct the file's syntax") from None
     except RecursionError:
@@ -83,7 +83,7 @@ def parse_json(text: str, where: str) -> Any:
     """JSON text to Python values, with syntax errors and runaway nesting as one line."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer of thousands of digits
         raise InputError(f"{where}: not valid JSON ({cut(str(exc), 200)}); "
                          "fix: correct the file's syntax") from None
     except RecursionError:

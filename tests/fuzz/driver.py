@@ -33,7 +33,7 @@ def run_one(argv: list[str]) -> dict[str, object]:
             main()
         except SystemExit as exc:
             code = exc.code
-        except BaseException as exc:  # noqa: BLE001 - anything escaping main is the finding
+        except BaseException as exc:
             code = "escaped"
             err.write(f"Traceback (escaped main): {type(exc).__name__}: {exc}\n")
     if code is None:
@@ -48,7 +48,7 @@ def run_one(argv: list[str]) -> dict[str, object]:
 
 
 def main() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = DATA_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(hard, DATA_LIMIT_BYTES)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     real_out = sys.stdout

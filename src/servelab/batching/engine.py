@@ -35,15 +35,17 @@ _NEVER = np.int64(1) << np.int64(62)
 
 
 @njit(cache=True, nogil=True)
-def _pending_batch_size(qlen: int, age_ns: int, preferred: np.ndarray, max_batch_size: int,
+def _pending_batch_size(qlen: int, age_ns: int, pref_floor: np.ndarray, max_batch_size: int,
                         delay_ns: int) -> int:
-    """How many of the queued requests to send now (0: keep waiting)."""
+    """How many of the queued requests to send now (0: keep waiting).
+
+    ``pref_floor[k]`` is the largest preferred size <= k (0: none), so the rule
+    costs O(1) whatever max_batch_size is.
+    """
     avail = min(qlen, max_batch_size)
     exceeded = delay_ns > 0 and age_ns >= delay_ns
-    if not exceeded:
-        for size in range(avail, 0, -1):
-            if preferred[size]:
-                return size
+    if not exceeded and pref_floor[avail] > 0:
+        return int(pref_floor[avail])
     if exceeded or delay_ns == 0:
         return avail
     return 0
@@ -109,6 +111,9 @@ def run_batcher(
     lowest index takes the next batch.
     """
     n = arrival_ns.size
+    pref_floor = np.zeros(max_batch_size + 1, np.int64)
+    for k in range(1, max_batch_size + 1):
+        pref_floor[k] = k if preferred[k] else pref_floor[k - 1]
     status = np.full(n, -1, np.int8)
     start = np.full(n, -1, np.int64)
     end = np.full(n, -1, np.int64)
@@ -167,7 +172,7 @@ def run_batcher(
 
         while tail > head and n_idle > 0:
             size = _pending_batch_size(
-                tail - head, t - arrival_ns[queue[head]], preferred, max_batch_size, delay_ns
+                tail - head, t - arrival_ns[queue[head]], pref_floor, max_batch_size, delay_ns
             )
             if size == 0:
                 break

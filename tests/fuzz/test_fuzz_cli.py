@@ -1,0 +1,374 @@
+"""Fuzz the command line as a careless or hostile user would: generated flags and values,
+scenario files, config.json files and byte-level junk, plus the issue's named cases.
+
+Every case must end with exit 0 (it ran), 1 (a mistake, one line) or 2 (a flag Typer
+could not parse, one line) — never a traceback, never exit 3 (servelab's own bug) —
+within a few seconds and a bounded amount of memory. The cases run in one long-lived
+driver process (tests/fuzz/driver.py) so a few hundred of them take seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[2]
+CASE_SECONDS = 15.0  # a hang is a case that passes this (the work caps keep cases ~1 s)
+MAX_RSS_KIB = 2_500 * 1024  # the driver's peak memory over every case run so far
+MAX_MESSAGE = 500
+
+FUZZ = settings(max_examples=int(os.environ.get("SERVELAB_FUZZ_EXAMPLES", "80")),
+                deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                      HealthCheck.too_slow])
+
+
+class Driver:
+    """One `python tests/fuzz/driver.py` process; restarted after a hang."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _start(self) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+        return subprocess.Popen([sys.executable, str(ROOT / "tests/fuzz/driver.py")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env=env, cwd=ROOT)
+
+    def run(self, argv: list[str]) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(argv) + "\n")
+        self.proc.stdin.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout=CASE_SECONDS * 4)  # the first case compiles Numba
+        sel.close()
+        if not ready:
+            self.close()
+            pytest.fail(f"servelab {' '.join(argv)[:300]} did not finish in "
+                        f"{CASE_SECONDS * 4:.0f} s (a hang)")
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            self.close()
+            pytest.fail(f"servelab {' '.join(argv)[:300]} killed the process (exit {code}); "
+                        "a crash or the memory limit")
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def cli():  # type: ignore[no-untyped-def]
+    d = Driver()
+    yield d
+    d.close()
+
+
+def check(argv: list[str], r: dict[str, Any], *, slow_ok: bool = False) -> None:
+    """The contract every command line keeps, whatever it was given."""
+    shown = " ".join(argv)[:300]
+    err = r["stderr"]
+    assert "Traceback" not in err, (shown, err)
+    assert r["code"] in (0, 1, 2), (shown, r["code"], err)
+    if r["code"] in (1, 2):
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1, (shown, err)
+        assert lines[0].startswith("error: "), (shown, err)
+        assert len(lines[0]) < MAX_MESSAGE, (shown, len(lines[0]))
+    if not slow_ok:
+        assert r["seconds"] < CASE_SECONDS, (shown, r["seconds"])
+    assert r["max_rss_kib"] < MAX_RSS_KIB, (shown, r["max_rss_kib"])
+
+
+# ---------------------------------------------------------------------------
+# Values a user (or a script gone wrong) types.
+
+NASTY_NUMBERS = ["0", "-0", "-1", "1", "2", "1e-300", "1e-9", "1e308", "1e999", "nan", "inf",
+                 "-inf", "99999999999999999999", "9223372036854775808", "0.5", "3.7", "",
+                 "abc", "0x10", "1_000", " 5", "1,2", "٣"]
+text_values = st.one_of(st.sampled_from(NASTY_NUMBERS), st.text(max_size=30),
+                        st.integers(-(10**30), 10**30).map(str),
+                        st.floats(allow_nan=True, allow_infinity=True).map(repr))
+
+# Each command's flags. --num-requests is kept to what runs fast unless refused: the fuzz
+# is about bad input, not about big legitimate runs.
+COMMON = ["--qps", "--max-queue-delay-us", "--max-batch-size", "--preferred-batch-size",
+          "--max-queue-size", "--timeout-us", "--instances-per-gpu", "--gpu", "--num-gpus",
+          "--price", "--seed", "--slo-ms"]
+KV = ["--model", "--kv-dtype", "--weight-dtype", "--context", "--gpu", "--num-gpus", "--tp",
+      "--gpu-memory-utilization", "--block-size"]
+COMMANDS: dict[tuple[str, ...], list[str]] = {
+    ("simulate",): COMMON,
+    ("plan",): COMMON,
+    ("sweep", "qps"): [*COMMON, "--start", "--stop", "--steps", "--values"],
+    ("sweep", "max_queue_delay_us"): ["--values", "--steps", "--start", "--stop"],
+    ("kv",): [*KV, "--sessions", "--memory-gib", "--weights-gib", "--activation-gib",
+              "--non-torch-gib", "--cudagraph-gib"],
+    ("kv", "paging"): [*KV, "--qps", "--iteration-ms", "--pool-tokens", "--max-len",
+                       "--prefix-tokens", "--lengths", "--seed"],
+}
+SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests", "3000"],
+         ("sweep", "qps"): ["--num-requests", "2000"],
+         ("sweep", "max_queue_delay_us"): ["--num-requests", "2000"],
+         ("kv",): [], ("kv", "paging"): ["--requests", "60"]}
+
+
+@st.composite
+def argv_sets(draw: st.DrawFn) -> list[str]:
+    cmd = draw(st.sampled_from(sorted(COMMANDS)))
+    flags = draw(st.lists(st.sampled_from(COMMANDS[cmd]), min_size=1, max_size=4))
+    argv = [*cmd]
+    for f in flags:
+        argv += [f, draw(text_values)]
+    if cmd[0] == "sweep" and "--values" not in flags and "--start" not in flags:
+        argv += ["--values", draw(st.sampled_from(["1,2", "nan", "", "5", "1e9,1e-9"]))]
+    if draw(st.booleans()):
+        argv.append("--json")
+    return argv + SMALL[cmd]
+
+
+@FUZZ
+@given(argv=argv_sets())
+def test_generated_command_lines(cli, argv):  # type: ignore[no-untyped-def]
+    check(argv, cli.run(argv))
+
+
+# ---------------------------------------------------------------------------
+# Scenario files: sections and keys with wrong types, ranges and shapes.
+
+SCENARIO_KEYS = {
+    "workload": ["qps", "arrival", "cv", "trace_csv", "arrivals_s", "num_requests", "seed"],
+    "batching": ["max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size",
+                 "max_queue_size", "default_timeout_microseconds", "instances_per_gpu"],
+    "hardware": ["gpu", "num_gpus", "price_per_gpu_hour", "hbm_bandwidth_tbps"],
+    "model": ["kind", "latency_ms", "base_ms", "per_row_ms", "points", "csv", "variability",
+              "cv", "flops_per_row", "efficiency", "precision"],
+    "latency": ["feature_fetch_ms", "feature_fetch_p99_ms", "network_ms", "p99_slo_ms"],
+    "plan": ["max_busy_fraction", "max_gpus"],
+    "llm": ["model", "config", "kv_dtype", "context_tokens", "tp", "num_gpus", "block_size"],
+    "nope": ["x"],
+}
+toml_scalars = st.one_of(
+    st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(), st.text(max_size=20),
+    st.sampled_from(["poisson", "gamma", "trace", "profile", "affine", "constant", "roofline",
+                     "exponential", "H100", "llama-3.1-8b", "/etc/passwd", "../../x.csv"]),
+    st.sampled_from([0, 1, 2, 8, 32, 1000, 1e-300, 1e300, 5_000_001, 100_001]))
+toml_values = st.recursive(toml_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=8)
+
+
+@st.composite
+def scenario_docs(draw: st.DrawFn) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for section in draw(st.lists(st.sampled_from(sorted(SCENARIO_KEYS)), max_size=3,
+                                 unique=True)):
+        keys = draw(st.lists(st.sampled_from(SCENARIO_KEYS[section]), min_size=1,
+                             max_size=3, unique=True))
+        doc[section] = {k: draw(toml_values) for k in keys}
+    return doc
+
+
+@FUZZ
+@given(doc=scenario_docs(), command=st.sampled_from(["simulate", "plan"]))
+def test_generated_scenario_files(cli, tmp_path_factory, doc, command):  # type: ignore[no-untyped-def]
+    path = tmp_path_factory.mktemp("scn") / "s.toml"
+    try:
+        path.write_text(tomli_w.dumps(doc))
+    except (TypeError, ValueError):  # tomli_w cannot write some values (NaN keys etc.)
+        return
+    argv = [command, "--scenario", str(path), "--num-requests", "2000"]
+    check(argv, cli.run(argv))
+
+
+# ---------------------------------------------------------------------------
+# config.json files for `kv --model`.
+
+CONFIG_KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+               "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings",
+               "sliding_window", "layer_types", "kv_lora_rank", "qk_rope_head_dim",
+               "torch_dtype", "num_parameters", "quantization_config", "use_sliding_window"]
+json_scalars = st.one_of(
+    st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.booleans(), st.none(),
+    st.text(max_size=12), st.sampled_from([1, 2, 8, 32, 64, 128, 4096, 200_000_000, -100]))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=10)
+VALID_BASE = {"num_hidden_layers": 4, "num_attention_heads": 8, "hidden_size": 512}
+
+
+@FUZZ
+@given(extra=st.dictionaries(st.sampled_from(CONFIG_KEYS), json_values, max_size=5),
+       base=st.booleans(), flags=st.sampled_from([[], ["--tp", "2"], ["--kv-dtype", "fp8"]]))
+def test_generated_config_json(cli, tmp_path_factory, extra, base, flags):  # type: ignore[no-untyped-def]
+    cfg = {**(VALID_BASE if base else {}), **extra}
+    path = tmp_path_factory.mktemp("cfg") / "config.json"
+    path.write_text(json.dumps(cfg))
+    argv = ["kv", "--model", str(path), *flags, "--json"]
+    r = cli.run(argv)
+    check(argv, r)
+    if r["code"] == 0:  # whatever was accepted gives figures JSON can carry
+        out = json.loads(r["stdout"]) if r["stdout"].strip().startswith("{") else None
+        if out is not None:
+            assert all(math.isfinite(v) for v in out["kv"].values()
+                       if isinstance(v, float)), out["kv"]
+
+
+# ---------------------------------------------------------------------------
+# Files that are not what they claim: bytes, folders, devices, long names.
+
+JUNK_FILES = {
+    "latin1.toml": b'name = "caf\xe9"\n',
+    "binary.toml": bytes(range(256)),
+    "nul.toml": b"name = \"a\x00b\"\n",
+    "deep.toml": b"a = " + b"[" * 3000 + b"]" * 3000 + b"\n",
+    "bom.toml": b"\xef\xbb\xbfname = \"x\"\n",
+    "latin1.json": b'{"num_hidden_layers": 2, "name": "caf\xe9"}',
+    "deep.json": b"[" * 100_000 + b"]" * 100_000,
+    "list.json": b"[1, 2, 3]",
+    "huge_int.json": b'{"num_hidden_layers": 1' + b"0" * 5000 + b', "num_attention_heads": 1,'
+                     b' "hidden_size": 8}',
+    "layers.json": b'{"num_hidden_layers": 200000000, "num_attention_heads": 8, '
+                   b'"hidden_size": 512}',
+    "sliding.json": b'{"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 512,'
+                    b' "sliding_window": -100}',
+    "trace.csv": b"arrival_s\n0.1\n\xff\xfe\n",
+    "lengths.csv": b"prompt_tokens,output_tokens\n10,\n",
+}
+
+
+@pytest.fixture(scope="module")
+def junk(tmp_path_factory):  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("junk")
+    for name, data in JUNK_FILES.items():
+        (d / name).write_bytes(data)
+    (d / "folder.toml").mkdir()
+    (d / "trace.toml").write_text('[workload]\narrival = "trace"\ntrace_csv = "trace.csv"\n')
+    (d / "pref.toml").write_text("[batching]\npreferred_batch_size = ["
+                                 + ",".join(["1"] * 600_000) + "]\n")
+    (d / "gamma.toml").write_text('[workload]\narrival = "gamma"\ncv = 1e-300\n')
+    (d / "slow.toml").write_text('[model]\nkind = "affine"\nbase_ms = 1e13\nper_row_ms = 0\n')
+    return d
+
+
+def named_cases(j: Path) -> list[list[str]]:
+    long = "x" * 5000
+    return [
+        ["simulate", "--timeout-us", "10000000000000000"],
+        ["sweep", "max_batch_size", "--values", "nan"],
+        ["sweep", "qps", "--values", ""],
+        ["sweep", "qps", "--start", "1", "--stop", "2", "--steps", "1000000000"],
+        ["simulate", "--qps", "1e-9"],
+        ["simulate", "--scenario", str(j / "gamma.toml")],
+        ["plan", "--scenario", str(j / "slow.toml")],
+        ["simulate", "--scenario", "/dev/zero"],
+        ["simulate", "--scenario", str(j / "pref.toml")],
+        ["simulate", "--scenario", str(j / "trace.toml")],
+        ["simulate", "--scenario", str(j / "folder.toml")],
+        ["simulate", "--scenario", long],
+        ["kv", "paging", "--requests", "100000000"],
+        ["kv", "paging", "--pool-tokens", "1000000000000"],
+        ["kv", "paging", "--max-len", "0"],
+        ["kv", "paging", "--lengths", str(j / "lengths.csv"), "--requests", "10"],
+        ["kv", "--sessions", "0"],
+        ["kv", "--memory-gib", "nan"],
+        ["kv", "--memory-gib", "-5"],
+        ["kv", "--weights-gib", "-1"],
+        ["kv", "--model", long + ".json"],
+        *(["simulate", "--scenario", str(j / name)] for name in JUNK_FILES if
+          name.endswith(".toml")),
+        *(["kv", "--model", str(j / name)] for name in JUNK_FILES if name.endswith(".json")),
+        ["features", "bench", "--repo", str(j), "--view", "nope"],
+        ["features", "parity", "--repo", str(j), "--sample", "-5"],
+        ["features", "init", str(j / "latin1.toml")],
+        ["features", "historical", "-f", "v:x", "--entities", str(j / "binary.toml"),
+         "--repo", str(j)],
+    ]
+
+
+def test_named_cases_from_the_issue(cli, junk):  # type: ignore[no-untyped-def]
+    for argv in named_cases(junk):
+        r = cli.run(argv)
+        check(argv, r)
+        assert r["code"] == 1, (argv, r["stderr"])  # every one is a mistake to report
+
+
+def test_mistakes_say_field_value_and_fix(cli, junk):  # type: ignore[no-untyped-def]
+    expect = {
+        ("simulate", "--qps", "1e-9"): "[workload] qps",
+        ("kv", "--memory-gib", "-5"): "--memory-gib = -5.0",
+        ("kv", "--sessions", "0"): "--sessions = 0",
+        ("kv", "paging", "--max-len", "0"): "--max-len = 0",
+        ("sweep", "qps", "--values", ""): "--values",
+    }
+    for argv, needle in expect.items():
+        err = cli.run(list(argv))["stderr"]
+        assert needle in err and "fix:" in err and "expected" in err, (argv, err)
+
+
+def test_features_mistakes_on_a_real_repo(cli, tmp_path):  # type: ignore[no-untyped-def]
+    repo = tmp_path / "repo"
+    assert cli.run(["features", "init", str(repo), "--users", "20", "--merchants", "5",
+                    "--days", "3", "--labels", "50"])["code"] == 0
+    cases = [
+        (["features", "init", str(repo)], "features init"),
+        (["features", "bench", "--repo", str(repo), "--view", "nope"], "--view = 'nope'"),
+        (["features", "parity", "--repo", str(repo), "--sample", "-5"], "--sample = -5"),
+        (["features", "historical", "--repo", str(repo), "-f", "service:fraud_model_v1",
+          "--entities", str(repo / "data" / "labels.parquet"), "--out",
+          "/nonexistent_dir/x.parquet"], "--out"),
+        (["features", "init", str(repo / "feature_repo.toml")], "features init"),
+    ]
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    cases.append((["features", "historical", "--repo", str(repo), "-f",
+                   "service:fraud_model_v1", "--entities", str(tmp_path / "empty.parquet")],
+                  "--entities"))
+    for argv, needle in cases:
+        r = cli.run(argv)
+        check(argv, r)
+        assert r["code"] == 1 and needle in r["stderr"], (argv, r["stderr"])
+
+
+def test_kv_tensor_parallel_alone_is_one_group(cli):  # type: ignore[no-untyped-def]
+    r = cli.run(["kv", "--model", "llama-3.1-70b", "--tp", "8", "--json"])
+    check([], r)
+    d = json.loads(r["stdout"])
+    assert d["deployment"]["num_gpus"] == 8
+    assert d["deployment"]["tp"] == 8
+
+
+def test_auto_weight_dtype_follows_a_quantized_checkpoint(cli):  # type: ignore[no-untyped-def]
+    r = cli.run(["kv", "--model", "DeepSeek-V3", "--tp", "8", "--gpu", "H200", "--json"])
+    check([], r)
+    d = json.loads(r["stdout"])
+    assert d["deployment"]["weight_dtype"] == "fp8"
+    assert d["memory"]["weights_bytes"] == pytest.approx(671e9)  # one byte per parameter
+    assert d["kv"]["max_sessions"] > 0
+    assert d["fits"]
+    forced = json.loads(cli.run(["kv", "--model", "DeepSeek-V3", "--tp", "8", "--gpu", "H200",
+                                 "--weight-dtype", "bf16", "--json"])["stdout"])
+    assert forced["memory"]["weights_bytes"] == pytest.approx(1342e9)
+    assert forced["kv"]["max_sessions"] == 0

@@ -1,0 +1,325 @@
+"""The lab as a hostile page would use it: paths in the state, a foreign Host, oversized
+bodies and scenarios, malformed JSON. Every answer is one JSON line with a 4xx, and no
+file is opened unless it sits inside the folder the lab was started with."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servelab.lab.server import LAB_MAX_REQUESTS, LabConfig, create_app, default_state
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+SECRET = "TOP-SECRET-LINE"
+
+
+def client_for(config: LabConfig | None = None, host: str = "127.0.0.1") -> TestClient:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TestClient(create_app(config), base_url=f"http://{host}")
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    return client_for()
+
+
+@pytest.fixture
+def secret_files(tmp_path: Path) -> dict[str, Path]:
+    """Files a page must not be able to read: a CSV, a config.json, a TOML."""
+    out = {}
+    for name, text in (("trace.csv", f"arrival_s\n{SECRET}\n"),
+                       ("config.json", json.dumps({"name": SECRET, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4,
+                                                   "hidden_size": 64})),
+                       ("profile.csv", f"batch_size,latency_ms\n1,{SECRET}\n")):
+        p = tmp_path / "outside" / name
+        p.parent.mkdir(exist_ok=True)
+        p.write_text(text)
+        out[name] = p
+    return out
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every path the process opens or stats while the test runs."""
+    seen: list[str] = []
+    real_open, real_io_open, real_stat, real_os_open = builtins.open, io.open, os.stat, os.open
+
+    def spy(real: Any) -> Any:
+        def wrapped(path: Any, *a: Any, **k: Any) -> Any:
+            seen.append(os.fsdecode(path) if isinstance(path, str | bytes | os.PathLike)
+                        else str(path))
+            return real(path, *a, **k)
+        return wrapped
+
+    monkeypatch.setattr(builtins, "open", spy(real_open))
+    monkeypatch.setattr(io, "open", spy(real_io_open))
+    monkeypatch.setattr(os, "stat", spy(real_stat))
+    monkeypatch.setattr(os, "open", spy(real_os_open))
+    return seen
+
+
+def state(**over: Any) -> dict[str, Any]:
+    s = default_state()
+    s["workload.num_requests"] = 5_000
+    s.update(over)
+    return s
+
+
+def assert_json_error(r: Any, status: int) -> str:
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert r.headers["content-type"].startswith("application/json")
+    msg = r.json()["error"]
+    assert "\n" not in msg
+    assert 0 < len(msg) < 500
+    return str(msg)
+
+
+# ---------------------------------------------------------------------------
+# 1. No file the user did not give
+
+
+@pytest.mark.parametrize(("key", "file"), [
+    ("workload.trace_csv", "trace.csv"),
+    ("model.csv", "profile.csv"),
+    ("llm.model", "config.json"),
+])
+def test_a_path_in_the_state_is_refused_without_reading_it(client, secret_files, opened,
+                                                           key, file):
+    path = str(secret_files[file])
+    extra: dict[str, Any] = {key: path}
+    if key == "workload.trace_csv":
+        extra["workload.arrival"] = "trace"
+    if key == "model.csv":
+        extra["model.kind"] = "profile"
+    # The routes that use the key: the sweeps never read [llm], the replay reads only it.
+    routes = ("/api/update", "/api/paging") if key == "llm.model" else (
+        "/api/update", "/api/charts")
+    for route in routes:
+        r = client.post(route, json={"state": state(**extra)})
+        msg = assert_json_error(r, 400)
+        assert SECRET not in r.text
+        assert "does not open files" in msg
+        assert "--data-dir" in msg
+    assert not [p for p in opened if str(secret_files[file].parent) in p], opened
+
+
+def test_perf_analyzer_paths_and_parse_are_refused(client, secret_files, opened):
+    toml = (f'[model]\nkind = "profile"\nperf_analyzer_csv = {{ "1" = '
+            f'"{secret_files["profile.csv"]}" }}\n')
+    msg = assert_json_error(client.post("/api/parse", json={"toml": toml}), 400)
+    assert "perf_analyzer_csv" in msg
+    assert SECRET not in msg
+    toml = f'[workload]\narrival = "trace"\ntrace_csv = "{secret_files["trace.csv"]}"\n'
+    assert "does not open files" in assert_json_error(
+        client.post("/api/parse", json={"toml": toml}), 400)
+    assert not [p for p in opened if "outside" in p], opened
+
+
+def test_data_dir_allows_its_own_files_and_nothing_outside(tmp_path, secret_files):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "arrivals.csv").write_text("arrival_s\n" + "\n".join(
+        str(i * 0.001) for i in range(2000)) + "\n")
+    (data / "escape.csv").symlink_to(secret_files["trace.csv"])
+    c = client_for(LabConfig(data_dir=str(data)))
+    ok = c.post("/api/update", json={"state": state(**{
+        "workload.arrival": "trace", "workload.trace_csv": "arrivals.csv"})})
+    assert ok.status_code == 200, ok.text[:300]
+    assert ok.json()["simulate"]["requests"]["arrivals"] == 2000
+    for bad, needle in (("../outside/trace.csv", "inside the lab's --data-dir"),
+                        (str(secret_files["trace.csv"]), "inside the lab's --data-dir"),
+                        ("escape.csv", "leads outside")):
+        r = c.post("/api/update", json={"state": state(**{
+            "workload.arrival": "trace", "workload.trace_csv": bad})})
+        assert needle in assert_json_error(r, 400)
+        assert SECRET not in r.text
+
+
+def test_inline_data_works_where_a_path_would_not(client):
+    arrivals = [round(i * 0.0005, 6) for i in range(3000)]
+    r = client.post("/api/update", json={"state": state(**{
+        "workload.arrival": "trace", "workload.arrivals_s": arrivals})})
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["simulate"]["requests"]["arrivals"] == 3000
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+           "num_parameters": 1e6}
+    r = client.post("/api/update", json={"state": state(**{"llm.config": cfg})})
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["kv"]["model"]["num_layers"] == 2
+    assert r.json()["kv"]["kv"]["bytes_per_token"] == 2 * 2 * 4 * 16 * 2  # K,V x L x H x D x 2B
+
+
+def test_a_profile_scenario_loads_and_runs(client):
+    toml = ('name = "p"\n[model]\nkind = "profile"\npoints = [[1, 0.9], [8, 1.6], [32, 3.5]]\n'
+            "[workload]\nnum_requests = 3000\n")
+    r = client.post("/api/parse", json={"toml": toml})
+    assert r.status_code == 200, r.text
+    st_ = r.json()["state"]
+    assert st_["model.points"] == [[1, 0.9], [8, 1.6], [32, 3.5]]
+    u = client.post("/api/update", json={"state": st_})
+    assert u.status_code == 200, u.text[:300]
+    assert u.json()["simulate"]["gpu"]["batch_costs"][0]["exec_ms"] == pytest.approx(0.9)
+
+
+# ---------------------------------------------------------------------------
+# 2. DNS rebinding: only the hosts the lab was started for
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example",
+                                  "", "localhost.", "[::2]:80"])
+def test_a_foreign_host_gets_403(client, host):
+    for method, path in (("get", "/"), ("get", "/api/meta"), ("post", "/api/update")):
+        r = getattr(client, method)(path, headers={"host": host},
+                                    **({"json": {"state": state()}} if method == "post" else {}))
+        assert "answers only" in assert_json_error(r, 403)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST"])
+def test_loopback_names_are_answered(client, host):
+    assert client.get("/api/meta", headers={"host": host}).status_code == 200
+
+
+def test_allowed_hosts_are_configurable():
+    c = client_for(LabConfig(allowed_hosts=("lab.internal",)), host="lab.internal")
+    assert c.get("/api/meta").status_code == 200
+    assert c.get("/api/meta", headers={"host": "127.0.0.1"}).status_code == 403
+
+
+# ---------------------------------------------------------------------------
+# 3. Bounded work per request
+
+
+def test_huge_scenarios_are_capped_fast_and_say_so(client):
+    t0 = time.perf_counter()
+    r = client.post("/api/update", json={"state": state(**{
+        "workload.num_requests": 5_000_000, "hardware.num_gpus": 100_000,
+        "batching.instances_per_gpu": 64, "plan.max_gpus": 100_000})})
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 200, r.text[:300]
+    d = r.json()
+    assert d["simulate"]["requests"]["arrivals"] == LAB_MAX_REQUESTS
+    assert any("at most 200,000 requests" in n for n in d["notes"])
+    assert any("GPUs" in n for n in d["notes"])
+    assert elapsed < 30, elapsed  # capped: seconds, not the hour it took uncapped
+
+
+def test_paging_of_a_huge_pool_is_capped(client):
+    t0 = time.perf_counter()
+    r = client.post("/api/paging", json={"state": state(**{
+        "llm.num_gpus": 1024, "llm.tp": 0, "llm.model": "llama-3.1-8b"})})
+    assert time.perf_counter() - t0 < 60
+    if r.status_code == 200:
+        assert any("capped" in n for n in r.json()["notes"])
+    else:
+        assert_json_error(r, 400)
+
+
+def test_oversized_body_is_413(client):
+    big = {"state": {"name": "x" * (5 * 1024 * 1024)}}
+    assert "bytes" in assert_json_error(client.post("/api/update", json=big), 413)
+
+
+# ---------------------------------------------------------------------------
+# 4. Every error is one JSON line with a 4xx
+
+
+@pytest.mark.parametrize("body", [
+    {"state": {"workload.qps": [[1, 2], [3]]}},
+    {"state": {"workload.qps": 10**400}},
+    {"state": {"workload.num_requests": 10**400}},
+    {"state": {"workload.arrival": "gamma", "workload.cv": 1e-300}},
+    {"state": {"workload": 5, "workload.qps": 3}},
+    {"state": {"llm.config": {"num_hidden_layers": 10**30}}},
+    {"state": {"batching.preferred_batch_size": list(range(1, 70_000))}},
+    {"state": {"model.kind": "profile", "model.points": [[1, "x"]]}},
+    {"state": {"hardware.gpu": {"a": [1, {"b": None}]}}},
+    {"state": []},
+    {"nope": 1},
+    {"state": {"workload.qps": -1}},
+])
+def test_bad_bodies_are_400_json(client, body):
+    uses_llm = any(str(k).startswith("llm.") for k in body.get("state") or {})
+    for route in ("/api/update", "/api/paging" if uses_llm else "/api/charts"):
+        assert_json_error(client.post(route, json=body), 400)
+
+
+def test_malformed_json_and_toml_are_400(client):
+    r = client.post("/api/update", content=b"{not json", headers={"content-type":
+                                                                  "application/json"})
+    assert_json_error(r, 400)
+    deep = "a = " + "[" * 5000 + "]" * 5000
+    for toml in ("[workload\nqps=1", deep, "[workload.qps]\nx = 1", "a = 1" + "0" * 5000,
+                 "[[batching]]\nmax_batch_size = 4"):
+        assert_json_error(client.post("/api/parse", json={"toml": toml}), 400)
+
+
+def test_unknown_route_and_method_are_json(client):
+    assert_json_error(client.get("/api/nope"), 404)
+    assert_json_error(client.get("/api/update"), 405)
+
+
+# ---------------------------------------------------------------------------
+# Fuzz: generated bodies on every route
+
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(10**25), 10**25),
+                         st.floats(allow_nan=False, allow_infinity=False),
+                         st.text(max_size=16),
+                         st.sampled_from(["/etc/passwd", "../x.csv", "trace", "profile",
+                                          "gamma", "H100", "fp8", "llama-3.1-8b"]))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6)
+KEYS = ["workload.qps", "workload.arrival", "workload.cv", "workload.trace_csv",
+        "workload.arrivals_s", "workload.num_requests", "batching.max_batch_size",
+        "batching.max_queue_delay_microseconds", "batching.preferred_batch_size",
+        "batching.default_timeout_microseconds", "batching.instances_per_gpu",
+        "hardware.gpu", "hardware.num_gpus", "model.kind", "model.points", "model.csv",
+        "model.latency_ms", "model.cv", "model.variability", "latency.network_ms",
+        "latency.network_p99_ms", "llm.model", "llm.config", "llm.context_tokens",
+        "llm.num_gpus", "llm.tp", "llm.kv_dtype", "plan.max_gpus", "name", "bogus.key",
+        "workload"]
+
+
+@settings(max_examples=int(os.environ.get("SERVELAB_FUZZ_EXAMPLES", "80")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(over=st.dictionaries(st.sampled_from(KEYS), json_values, max_size=4),
+       route=st.sampled_from(["/api/update", "/api/charts", "/api/paging"]))
+def test_generated_bodies(client, over, route):
+    s = state()
+    s["workload.num_requests"] = 3000
+    s.update(over)
+    t0 = time.perf_counter()
+    r = client.post(route, json={"state": s})
+    assert time.perf_counter() - t0 < 20
+    assert r.status_code in (200, 400), (r.status_code, over, r.text[:300])
+    if r.status_code == 400:
+        assert_json_error(r, 400)
+
+
+@settings(max_examples=int(os.environ.get("SERVELAB_FUZZ_EXAMPLES", "80")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(st.text(max_size=200), st.sampled_from([
+    "[workload]\nqps = 1e-300", "[model]\nkind='profile'\ncsv='/etc/passwd'",
+    "[llm]\nmodel = '/etc/hosts.json'", "[llm.config]\nnum_hidden_layers = 'x'",
+    "name = 5", "[batching]\npreferred_batch_size = [0]"])))
+def test_generated_toml(client, text):
+    r = client.post("/api/parse", json={"toml": text})
+    assert r.status_code in (200, 400), (r.status_code, text, r.text[:300])
+    if r.status_code == 400:
+        assert_json_error(r, 400)
