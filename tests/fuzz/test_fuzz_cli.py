@@ -326,7 +326,9 @@ def test_mistakes_say_field_value_and_fix(cli, junk):  # type: ignore[no-untyped
     }
     for argv, needle in expect.items():
         err = cli.run(list(argv))["stderr"]
-        assert needle in err and "fix:" in err and "expected" in err, (argv, err)
+        assert needle in err, (argv, err)
+        assert "fix:" in err, (argv, err)
+        assert "expected" in err, (argv, err)
 
 
 def test_features_mistakes_on_a_real_repo(cli, tmp_path):  # type: ignore[no-untyped-def]
@@ -349,7 +351,8 @@ def test_features_mistakes_on_a_real_repo(cli, tmp_path):  # type: ignore[no-unt
     for argv, needle in cases:
         r = cli.run(argv)
         check(argv, r)
-        assert r["code"] == 1 and needle in r["stderr"], (argv, r["stderr"])
+        assert r["code"] == 1, (argv, r["stderr"])
+        assert needle in r["stderr"], (argv, r["stderr"])
 
 
 def test_kv_tensor_parallel_alone_is_one_group(cli):  # type: ignore[no-untyped-def]
