@@ -181,3 +181,23 @@ def test_loading_a_toml_file_and_bad_input(browser, lab_url, tmp_path):
     assert "[batching] max_batch_size = 0" in page.inner_text("#error")
     assert [e for e in watch.errors if "400" not in e] == []
     page.close()
+
+
+def test_warnings_reach_the_page(browser, lab_url):
+    # A timeout shorter than the batch window times requests out at low load: the page
+    # shows the report's warning, as the CLI prints it; a sane timeout clears it.
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    watch = Watch(page)
+    page.goto(lab_url + "/?batching.default_timeout_microseconds=1000&workload.qps=50"
+              "&workload.num_requests=3000")
+    wait_ready(page)
+    page.wait_for_selector("#notes:not([hidden])", timeout=30_000)
+    assert "shorter than max_queue_delay_microseconds" in page.inner_text("#notes")
+    page.goto(lab_url + "/?workload.num_requests=4000000")
+    wait_ready(page)
+    assert "at most 200,000 requests" in page.inner_text("#notes")
+    page.goto(lab_url + "/?workload.num_requests=3000")
+    wait_ready(page)
+    assert page.is_hidden("#notes")
+    assert watch.errors == []
+    page.close()

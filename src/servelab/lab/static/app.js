@@ -244,7 +244,14 @@ function render() {
     el.dataset.value = v === undefined ? "" : JSON.stringify(v);
     el.textContent = fmt(v, el.dataset.fmt);
   }
+  renderNotes([...(last.update.notes || []), ...((last.paging && last.paging.notes) || [])]);
   drawCharts();
+}
+
+function renderNotes(notes) {  // warnings the CLI prints (overload, caps, timeouts), as text
+  const box = $("#notes");
+  box.replaceChildren(...notes.map((n) => { const li = document.createElement("li"); li.textContent = n; return li; }));
+  box.hidden = notes.length === 0;
 }
 
 const LAYOUT = { margin: { l: 60, r: 60, t: 10, b: 45 }, height: 260, font: { size: 12 },
