@@ -57,6 +57,7 @@ LAB_MAX_GPUS = 4_096
 LAB_MAX_BODY_BYTES = 4 * 1024 * 1024
 # The paging replay's pool: more tokens than its requests can ever hold changes nothing.
 PAGING_MAX_POOL_TOKENS = PAGING_REQUESTS * 4096
+PAGING_MAX_STEPS = 50_000  # decode steps per strategy (the seed needs ~21,000)
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -184,7 +185,7 @@ def _paging(s: Scenario) -> dict[str, Any]:
     pool_tokens = min(capacity, PAGING_MAX_POOL_TOKENS)
     report = run_paging(s, num_requests=PAGING_REQUESTS, max_len=min(ctx, 2048),
                         prefix_tokens=256 if min(ctx, 2048) > 258 else 0,
-                        pool_tokens=pool_tokens)
+                        pool_tokens=pool_tokens, max_steps=PAGING_MAX_STEPS)
     out = report.to_dict()
     for r in out["results"]:
         r.pop("series", None)  # the page shows averages; the CLI's --json has the series

@@ -164,8 +164,8 @@ def run_paging(s: Scenario, *, lengths: str = "sharegpt", num_requests: int = 20
                qps: float | None = None, iteration_ms: float = 20.0,
                pool_tokens: int | None = None, max_len: int | None = None,
                prefix_tokens: int = 0, strategies: list[Strategy] | None = None,
-               seed: int = 0, on_progress: Callable[[int], object] | None = None
-               ) -> PagingReport:
+               seed: int = 0, on_progress: Callable[[int], object] | None = None,
+               max_steps: int = 1_000_000) -> PagingReport:
     """Replay one request stream against the scenario's KV pool under each strategy.
 
     The pool defaults to the [llm] pool's token capacity (one replica); max_len to
@@ -238,7 +238,11 @@ def run_paging(s: Scenario, *, lengths: str = "sharegpt", num_requests: int = 20
 
         results.append(simulate_paging(
             work, st, pool_tokens, block_size=spec.block_size, max_len=max_len,
-            max_num_seqs=spec.max_num_seqs, on_progress=progress))
+            max_num_seqs=spec.max_num_seqs, max_steps=max_steps, on_progress=progress))
+    cut_short = [r.strategy for r in results if r.steps >= max_steps]
+    if cut_short:
+        notes.append(f"the replay stopped after {max_steps:,} decode steps before every "
+                     f"request finished ({', '.join(cut_short)}): its figures cover those steps")
     if any(r.max_concurrency >= spec.max_num_seqs for r in results):
         notes.append(f"max_num_seqs ({spec.max_num_seqs}) capped concurrency: some memory "
                      "stays free because the scheduler, not the pool, is the limit")
