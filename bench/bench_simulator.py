@@ -35,6 +35,9 @@ CASES = {
               "batching.preferred_batch_size": [8, 16], "batching.max_queue_size": 64,
               "batching.default_timeout_microseconds": 5000},
              "12,000 QPS on 1 GPU, preferred sizes, bounded queue, timeouts"),
+    "fleet": ({"workload.qps": 1_000_000.0, "hardware.num_gpus": 256,
+               "batching.instances_per_gpu": 4},
+              "1M QPS on 256 GPUs x 4 instances: instance heaps, O(log c) a step"),
 }
 
 
