@@ -15,6 +15,7 @@ import json
 import os
 import stat
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,24 +71,23 @@ def read_text(path: str | Path, field: str, *, max_bytes: int = MAX_TEXT_BYTES,
 
 def parse_toml(text: str, where: str) -> dict[str, Any]:
     """TOML text to a dict, with syntax errors and runaway nesting as one line."""
-    try:
-        return tomllib.loads(text)
-    except ValueError as exc:  # TOMLDecodeError, or an integer of thousands of digits
-        raise InputError(f"{where}: not valid TOML ({cut(str(exc), 200)}); "
-                         "fix: correct the file's syntax") from None
-    except RecursionError:
-        raise InputError(f"{where}: TOML nested too deeply; fix: flatten the tables") from None
+    out: dict[str, Any] = _parse(tomllib.loads, text, where, "TOML", "the tables")
+    return out
 
 
 def parse_json(text: str, where: str) -> Any:
     """JSON text to Python values, with syntax errors and runaway nesting as one line."""
+    return _parse(json.loads, text, where, "JSON", "the document")
+
+
+def _parse(loads: Callable[[str], Any], text: str, where: str, kind: str, flatten: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError as exc:  # JSONDecodeError, or an integer of thousands of digits
-        raise InputError(f"{where}: not valid JSON ({cut(str(exc), 200)}); "
+        return loads(text)
+    except ValueError as exc:  # a syntax error, or an integer of thousands of digits
+        raise InputError(f"{where}: not valid {kind} ({cut(str(exc), 200)}); "
                          "fix: correct the file's syntax") from None
     except RecursionError:
-        raise InputError(f"{where}: JSON nested too deeply; fix: flatten the document") from None
+        raise InputError(f"{where}: {kind} nested too deeply; fix: flatten {flatten}") from None
 
 
 def check_writable_target(path: str | Path, field: str) -> Path:
