@@ -249,6 +249,8 @@ JUNK_FILES = {
     "latin1.json": b'{"num_hidden_layers": 2, "name": "caf\xe9"}',
     "deep.json": b"[" * 100_000 + b"]" * 100_000,
     "list.json": b"[1, 2, 3]",
+    "null_layers.json": b'{"num_hidden_layers": null, "num_attention_heads": 8, '
+                        b'"hidden_size": 64}',
     "huge_int.json": b'{"num_hidden_layers": 1' + b"0" * 5000 + b', "num_attention_heads": 1,'
                      b' "hidden_size": 8}',
     "layers.json": b'{"num_hidden_layers": 200000000, "num_attention_heads": 8, '

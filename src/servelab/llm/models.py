@@ -98,13 +98,13 @@ def estimate_parameters(cfg: dict[str, Any]) -> float:
     """
     h = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
-    kvh = cfg.get("num_key_value_heads", heads)
+    kvh = cfg.get("num_key_value_heads") or heads
     hd = cfg.get("head_dim") or h // heads
-    inter = cfg.get("intermediate_size", 4 * h)
+    inter = cfg.get("intermediate_size") or 4 * h
     experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 1
     attn = h * hd * (heads + 2 * kvh) + heads * hd * h
     mlp = 3 * h * (cfg.get("moe_intermediate_size") or inter) * experts
-    emb = cfg.get("vocab_size", 32000) * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    emb = (cfg.get("vocab_size") or 32000) * h * (1 if cfg.get("tie_word_embeddings") else 2)
     return float(emb + cfg["num_hidden_layers"] * (attn + mlp))
 
 
@@ -195,7 +195,7 @@ def checkpoint_dtype(cfg: dict[str, Any], where: str) -> str | None:
 
 def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
     def need(field: str) -> Any:
-        if field not in cfg:
+        if cfg.get(field) is None:
             raise invalid(f"{where} {field}", None, "a value in the config",
                           "use a transformer config.json (it lists num_hidden_layers, ...)")
         return cfg[field]
@@ -213,11 +213,11 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=head_dim,
         hidden_size=hidden,
-        intermediate_size=int(cfg.get("intermediate_size", 4 * hidden)),
-        vocab_size=int(cfg.get("vocab_size", 32000)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden),
+        vocab_size=int(cfg.get("vocab_size") or 32000),
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
         num_parameters=float(cfg.get("num_parameters") or estimate_parameters(cfg)),
-        torch_dtype=str(cfg.get("torch_dtype", "bfloat16")),
+        torch_dtype=str(cfg.get("torch_dtype") or "bfloat16"),
         kv_lora_rank=cfg.get("kv_lora_rank"),
         qk_rope_head_dim=cfg.get("qk_rope_head_dim") if cfg.get("kv_lora_rank") else None,
         sliding_window=(None if cfg.get("use_sliding_window") is False
