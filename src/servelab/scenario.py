@@ -51,6 +51,13 @@ class ServiceKind(Enum):
     ROOFLINE = "roofline"
 
 
+class Closing(Enum):
+    """When a batch stops taking arrivals while every instance is busy."""
+
+    TRITON = "triton"  # Triton's batcher thread: payloads close and wait (see triton_engine)
+    ABSORB = "absorb"  # the batch keeps absorbing arrivals until an instance starts it
+
+
 class Variability(Enum):
     """How one batch's execution time varies around the model's mean."""
 
@@ -85,6 +92,7 @@ class BatchingPolicy:
     max_queue_size: int = 0
     default_timeout_microseconds: int = 0
     instances_per_gpu: int = 1
+    closing: Closing = Closing.TRITON
 
     @property
     def effective_preferred(self) -> tuple[int, ...]:
@@ -423,6 +431,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "max_queue_size": _int(0, 2**31 - 1),
         "default_timeout_microseconds": _int(0, MAX_TIMEOUT_US),
         "instances_per_gpu": _int(1, 64),
+        "closing": _enum(Closing),
     }),
     "hardware": (Hardware, {
         "gpu": _str,

@@ -1,11 +1,19 @@
-"""Triton's batching rules, case by case, with times worked out by hand."""
+"""The batching rules, case by case, with times worked out by hand: the "absorb until
+start" option (closing = "absorb"), where a batch keeps taking arrivals while every
+instance is busy. Triton's own closing rule has its cases in test_triton_engine.py."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 
 from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT
-from tests.conftest import MS, run_ms
+from servelab.scenario import Closing
+from tests.conftest import MS
+from tests.conftest import run_ms as _run_ms
+
+run_ms = partial(_run_ms, closing=Closing.ABSORB)
 
 
 def batches(r):  # (start ms, size) per batch

@@ -14,8 +14,9 @@ from servelab.batching.service import (
     draw_multipliers,
     exec_table_ns,
 )
+from servelab.batching.triton_engine import run_batcher_triton
 from servelab.errors import InputError
-from servelab.scenario import BatchingPolicy, Scenario
+from servelab.scenario import BatchingPolicy, Closing, Scenario
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -68,7 +69,8 @@ def simulate_policy(
     arrival_ns = np.ascontiguousarray(arrival_ns, dtype=np.int64)
     if multiplier.size < arrival_ns.size:
         raise ValueError("need one service multiplier per possible batch (one per request)")
-    out = run_batcher(
+    engine = run_batcher_triton if policy.closing is Closing.TRITON else run_batcher
+    out = engine(
         arrival_ns,
         np.ascontiguousarray(exec_ns, dtype=np.float64),
         np.ascontiguousarray(multiplier, dtype=np.float64),

@@ -1,0 +1,309 @@
+"""Triton's dynamic batcher with its batcher thread and payload queue, compiled with Numba.
+
+``engine.run_batcher`` forms a batch only when an instance is idle, so a batch
+keeps absorbing arrivals while every instance is busy ("absorb until start").
+Triton does not work that way. Its one batcher thread per model builds
+*payloads* and hands them to the rate limiter even while every instance is
+busy; an instance takes the oldest waiting payload when it frees up. This
+module models that thread, rule by rule, from triton-inference-server/core
+(``src/dynamic_batch_scheduler.cc`` at commit 01ea7d9, ``src/rate_limiter.cc``),
+for requests of one row each, no shape checks, no custom batching and one
+priority level:
+
+1. **Payload slots** (``RateLimiter::PayloadSlotAvailable``): at most
+   ``2 x instances`` payloads wait in the rate limiter's queue. The batcher
+   thread blocks (``cv_.wait(lock, wait_for_slots)``) while the queue is full.
+2. **A new payload** (``BatcherThread``: ``if (payload_saturated_ ||
+   IsStaleState(...)) NewPayload(); next_preferred_batch_size_ = 0``) when the
+   current one is saturated or an instance has started executing it.
+3. **Empty queue**: the thread sleeps ``default_wait_microseconds`` (500 ms).
+4. **GetDynamicBatch**, with ``k`` rows already in the current payload and the
+   queued requests scanned oldest first:
+   - the scan stops before ``k + pending`` would pass ``max_batch_size``
+     (``send_now``); it remembers the largest ``pending`` with ``k + pending``
+     a preferred size (``best_preferred_batch_size``);
+   - with ``k`` already at or past the largest preferred size, the scan marks
+     the payload saturated and (``best_preferred_batch_size`` being 0 at the
+     first request and 1 at the second) one more request joins it, or all that
+     fit once the oldest queued request's delay has expired;
+   - a preferred size found and the oldest queued request's delay not
+     expired: take exactly that many (saturated when the delay is 0);
+   - ``send_now`` or ``k + pending >= max preferred``: take all, saturated;
+   - delay expired, or delay 0: take all;
+   - otherwise ``next_preferred_batch_size_`` = the next preferred size above
+     ``k + pending``, less ``k``; a payload already waiting that is not
+     saturated and not of a preferred size takes all at once (it grows);
+   - otherwise wait ``delay - age`` in whole microseconds (``wait_ns / 1000``;
+     0 means "take all now", so a wake in the last microsecond sends early).
+   Taken requests join the current payload; a payload that was empty is handed
+   to the rate limiter (``EnqueuePayload``) and the thread loops at once.
+5. **Wake-ups** of the sleeping thread: its timer; an arrival, but only when
+   a payload slot is free and (the payload is saturated, or started, or the
+   queued count has reached ``next_preferred_batch_size_``), as in
+   ``Enqueue``; and a payload's completion callback. At a completion the
+   instance takes the next waiting payload before the woken thread looks at
+   it (the "race" of the issue's traces: the instance usually wins), so the
+   thread then starts a new payload and later arrivals wait one more batch.
+
+With no ``preferred_batch_size`` Triton's normaliser uses
+``[max_batch_size]``. ``max_queue_size`` counts the requests still in the
+queue (not those already in a payload) and rejects at enqueue.
+``default_timeout_microseconds`` removes a request still queued at its
+deadline (Triton notices at its next scan; requests already in a payload are
+executed). Time is integer nanoseconds. At one instant: instances finishing,
+arrivals, instances taking waiting payloads, the batcher thread, timeouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT, _sift_down, _sift_up
+
+_NEVER = np.int64(1) << np.int64(62)
+IDLE_WAIT_NS = 500_000_000  # default_wait_microseconds = 500 * 1000
+
+
+@njit(cache=True, nogil=True)
+def get_dynamic_batch(q: int, k: int, age_ns: int, is_pref: np.ndarray, pref_floor: np.ndarray,
+                      pref_above: np.ndarray, max_pref: int, max_batch_size: int,
+                      delay_ns: int, saturated: bool) -> tuple[int, int, bool, int]:
+    """Triton's GetDynamicBatch for q queued one-row requests and a payload of k rows.
+
+    Returns (take, wait_us, saturated, next_preferred): ``take`` > 0 means move that
+    many requests into the payload now; else ``wait_us`` > 0 is how long to sleep.
+    ``next_preferred`` is -1 when the call leaves it unchanged.
+    """
+    room = max_batch_size - k
+    pending = q if q <= room else max(room, 0)
+    send_now = q > room
+    exceeded = delay_ns > 0 and age_ns >= delay_ns
+    if k > 0 and k >= max_pref:
+        # The scan's first request already passes the largest preferred size: the payload
+        # is saturated, and with best_preferred_batch_size still 0 the next request sets
+        # it to 1. So one more request joins (all that fit once the delay has expired).
+        if pending == 0:
+            return 0, 0, True, -1
+        return (pending if exceeded else 1), 0, True, -1
+    best = 0
+    if pending > 0 and pref_floor[k + pending] > k:
+        best = pref_floor[k + pending] - k
+    if best > 0 and not exceeded:
+        if delay_ns == 0:
+            saturated = True
+        return best, 0, saturated, -1
+    if pending == 0:
+        return 0, 0, saturated, -1
+    if send_now or k + pending >= max_pref:
+        return pending, 0, True, -1
+    if exceeded or delay_ns == 0:
+        return pending, 0, saturated, -1
+    nxt = pref_above[k + pending] - k  # exists: k + pending < max_pref here
+    if not saturated and k != 0 and not is_pref[k]:
+        return pending, 0, saturated, nxt
+    wait_us = (delay_ns - age_ns) // 1000
+    if wait_us == 0:
+        return pending, 0, saturated, nxt
+    return 0, wait_us, saturated, nxt
+
+
+@njit(cache=True, nogil=True)
+def run_batcher_triton(
+    arrival_ns: np.ndarray,
+    exec_ns: np.ndarray,
+    multiplier: np.ndarray,
+    preferred: np.ndarray,
+    max_batch_size: int,
+    delay_ns: int,
+    num_instances: int,
+    max_queue_size: int,
+    timeout_ns: int,
+) -> tuple[np.ndarray, ...]:
+    """Run Triton's batcher thread over sorted arrivals; same inputs and outputs as
+    ``engine.run_batcher`` (see there)."""
+    n = arrival_ns.size
+    mbs = max_batch_size
+    is_pref = preferred.copy()
+    pref_floor = np.zeros(mbs + 1, np.int64)
+    for b in range(1, mbs + 1):
+        pref_floor[b] = b if is_pref[b] else pref_floor[b - 1]
+    pref_above = np.zeros(mbs + 2, np.int64)
+    for b in range(mbs - 1, -1, -1):
+        pref_above[b] = b + 1 if is_pref[b + 1] else pref_above[b + 1]
+    max_pref = pref_floor[mbs]
+
+    status = np.full(n, -1, np.int8)
+    start = np.full(n, -1, np.int64)
+    end = np.full(n, -1, np.int64)
+    batch_of = np.full(n, -1, np.int64)
+    b_size = np.zeros(n, np.int64)
+    b_start = np.zeros(n, np.int64)
+    b_end = np.zeros(n, np.int64)
+    b_inst = np.zeros(n, np.int64)
+    busy_t = np.zeros(num_instances, np.int64)
+    busy_i = np.zeros(num_instances, np.int64)
+    n_busy = 0
+    idle_i = np.arange(num_instances).astype(np.int64)
+    idle_k = idle_i.copy()
+    n_idle = num_instances
+
+    queue = np.empty(n, np.int64)  # request ids in arrival order
+    p_head = 0  # queue[p_head:tail] is the batcher's queue (not yet in a payload)
+    tail = 0
+    members = np.empty(n, np.int64)  # requests in payloads, in the order they joined;
+    m_tail = 0  # each payload is a segment, the current one always the last
+    slots = 2 * num_instances
+    seg_start = np.zeros(slots + 1, np.int64)  # the rate limiter's payload queue (a ring)
+    seg_len = np.zeros(slots + 1, np.int64)
+    rq_head = 0
+    rq_count = 0
+    cp_open = False  # the current payload is in the rate limiter's queue, not started
+    cp_stale = False  # an instance has started the current payload
+    saturated = False
+    next_pref = 0
+    timer = np.int64(0)  # the thread's next timed wake-up (it starts asleep on an empty queue)
+    timer_idle = True  # that sleep is the 500 ms empty-queue wait
+    blocked = False  # waiting for a payload slot (no timer)
+    nxt = 0
+    nb = 0
+    cap = slots + 1
+
+    while True:
+        q = tail - p_head
+        t = _NEVER
+        if nxt < n:
+            t = arrival_ns[nxt]
+        if n_busy > 0:
+            t = min(t, busy_t[0])
+        if not blocked and (q > 0 or not timer_idle):
+            t = min(t, timer)
+        if q > 0 and timeout_ns > 0:
+            t = min(t, arrival_ns[queue[p_head]] + timeout_ns)
+        if t == _NEVER:
+            break
+
+        wake = False
+        while n_busy > 0 and busy_t[0] <= t:  # completions: the callback wakes the thread
+            k_inst = busy_i[0]
+            n_busy -= 1
+            busy_t[0] = busy_t[n_busy]
+            busy_i[0] = busy_i[n_busy]
+            _sift_down(busy_t, busy_i, n_busy)
+            idle_k[n_idle] = k_inst
+            idle_i[n_idle] = k_inst
+            _sift_up(idle_k, idle_i, n_idle)
+            n_idle += 1
+            wake = True
+
+        while nxt < n and arrival_ns[nxt] <= t:
+            if max_queue_size > 0 and tail - p_head >= max_queue_size:
+                status[nxt] = REJECTED
+                end[nxt] = arrival_ns[nxt]
+            else:
+                queue[tail] = nxt
+                tail += 1
+                if rq_count < slots and (saturated or cp_stale
+                                         or tail - p_head >= next_pref):
+                    wake = True
+            nxt += 1
+        if timer_idle and not blocked and tail > p_head and timer < t:
+            # The thread woke every 500 ms on an empty queue; its next wake is the
+            # first of those at or after now.
+            timer += ((t - timer + IDLE_WAIT_NS - 1) // IDLE_WAIT_NS) * IDLE_WAIT_NS
+        if not blocked and timer <= t and (tail > p_head or not timer_idle):
+            wake = True
+
+        # The batcher thread runs (after instances took what was waiting), looping
+        # until it sleeps or blocks; each payload it hands over is taken by an
+        # idle instance at once.
+        running = True
+        while running:
+            while n_idle > 0 and rq_count > 0:
+                s0 = seg_start[rq_head]
+                size = seg_len[rq_head]
+                if rq_count == 1 and cp_open:
+                    cp_open = False
+                    cp_stale = True
+                rq_head = (rq_head + 1) % cap
+                rq_count -= 1
+                inst = idle_i[0]
+                n_idle -= 1
+                idle_k[0] = idle_k[n_idle]
+                idle_i[0] = idle_i[n_idle]
+                _sift_down(idle_k, idle_i, n_idle)
+                dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * multiplier[nb])))
+                done = t + dur
+                for j in range(s0, s0 + size):
+                    r = members[j]
+                    status[r] = SERVED
+                    start[r] = t
+                    end[r] = done
+                    batch_of[r] = nb
+                b_size[nb] = size
+                b_start[nb] = t
+                b_end[nb] = done
+                b_inst[nb] = inst
+                busy_t[n_busy] = done
+                busy_i[n_busy] = inst
+                _sift_up(busy_t, busy_i, n_busy)
+                n_busy += 1
+                nb += 1
+            if not wake or (blocked and rq_count >= slots):
+                break
+            if saturated or cp_stale:  # NewPayload()
+                cp_open = False
+                cp_stale = False
+                saturated = False
+                next_pref = 0
+            q = tail - p_head
+            if q == 0:
+                timer = t + IDLE_WAIT_NS
+                timer_idle = True
+                blocked = False
+                running = False
+                break
+            if rq_count >= slots:
+                blocked = True
+                running = False
+                break
+            blocked = False
+            k = seg_len[(rq_head + rq_count - 1) % cap] if cp_open else 0
+            take, wait_us, saturated, np_ = get_dynamic_batch(
+                q, k, t - arrival_ns[queue[p_head]], is_pref, pref_floor, pref_above,
+                max_pref, mbs, delay_ns, saturated)
+            if np_ >= 0:
+                next_pref = np_
+            if take > 0:
+                if cp_open:
+                    seg_len[(rq_head + rq_count - 1) % cap] += take
+                else:
+                    slot = (rq_head + rq_count) % cap
+                    seg_start[slot] = m_tail
+                    seg_len[slot] = take
+                    rq_count += 1
+                    cp_open = True
+                members[m_tail:m_tail + take] = queue[p_head:p_head + take]
+                m_tail += take
+                p_head += take
+                continue
+            if wait_us > 0:
+                timer = t + wait_us * 1000
+                timer_idle = False
+                running = False
+                break
+            if not saturated:  # nothing to take and nothing to wait for: sleep
+                timer = t + IDLE_WAIT_NS
+                timer_idle = True
+                running = False
+                break
+
+        if timeout_ns > 0:
+            while tail > p_head and arrival_ns[queue[p_head]] + timeout_ns <= t:
+                r = queue[p_head]
+                status[r] = TIMED_OUT
+                end[r] = arrival_ns[r] + timeout_ns
+                p_head += 1
+
+    return (status, start, end, batch_of,
+            b_size[:nb].copy(), b_start[:nb].copy(), b_end[:nb].copy(), b_inst[:nb].copy())

@@ -1,0 +1,99 @@
+"""Triton's batch-closing rule (the default, closing = "triton"), case by case, with the
+times worked out by hand from dynamic_batch_scheduler.cc (see triton_engine's docstring).
+
+Every case uses one instance, a 10 ms batch (so the instance stays busy), a 2 ms
+max_queue_delay and max_batch_size 32 unless it says otherwise."""
+
+from __future__ import annotations
+
+from servelab.batching.engine import SERVED
+from servelab.scenario import Closing
+from tests.conftest import MS, run_ms
+
+
+def starts_ms(r):  # type: ignore[no-untyped-def]
+    return [int(s) / MS for s in r.start_ns]
+
+
+def sizes(r):  # type: ignore[no-untyped-def]
+    return r.batch_size.tolist()
+
+
+def both(arrivals, exec_ms=10.0, **policy):  # type: ignore[no-untyped-def]
+    policy.setdefault("max_batch_size", 32)
+    policy.setdefault("max_queue_delay_microseconds", 2000)
+    return (run_ms(arrivals, exec_ms, closing=Closing.TRITON, **policy),
+            run_ms(arrivals, exec_ms, closing=Closing.ABSORB, **policy))
+
+
+def test_a_batch_closes_at_its_delay_while_the_instance_is_busy():
+    # 0: waits its 2 ms with the instance idle, runs 2-12 ms.
+    # 3, 4: the thread arms a timer at 3 + 2 = 5 ms (the arrival at 3 wakes it: the last
+    #   payload was started, so next_preferred is 0); at 5 ms the delay has expired and
+    #   [3, 4] closes into a payload that waits for the busy instance.
+    # 6: next_preferred is 32 now, so this arrival does not wake the thread; at 12 ms the
+    #   instance takes [3, 4] first, then the woken thread closes [6] (its delay expired
+    #   at 8 ms), which waits for the next batch: 22 ms.
+    triton, absorb = both([0, 3, 4, 6])
+    assert starts_ms(triton) == [2.0, 12.0, 12.0, 22.0]
+    assert sizes(triton) == [1, 2, 1]
+    assert starts_ms(absorb) == [2.0, 12.0, 12.0, 12.0]  # absorb: 6 joins at 12 ms
+
+
+def test_an_arrival_just_after_closing_waits_one_batch():
+    # 0 goes alone at 2 ms (instance idle) and runs to 12 ms. 3 closes at 5 ms while the
+    # instance is busy. An arrival 1 ns after that close does not wake the thread
+    # (next_preferred is 32) and is closed only when the instance takes [3] at 12 ms:
+    # it starts a full batch later, at 22 ms.
+    triton, absorb = both([0, 3, 5 + 1e-6])
+    assert starts_ms(triton) == [2.0, 12.0, 22.0]
+    assert starts_ms(absorb) == [2.0, 12.0, 12.0]
+    # One that arrives at the very instant of the close joins it (at one instant the
+    # arrivals come before the batcher thread).
+    at_close, _ = both([0, 3, 5.0])
+    assert starts_ms(at_close) == [2.0, 12.0, 12.0]
+
+
+def test_a_preferred_size_reached_while_busy_closes_at_once():
+    # max_batch_size 4 (so preferred = [4]) and a 100 ms delay. The instance is idle until
+    # 0, 1, 2, 3 ms make four: they start at 3 ms and run to 13 ms. 4..7 ms reach
+    # next_preferred (4) at 7 ms, which wakes the thread: a full payload that closes at
+    # once and waits for 13 ms. 8 ms is alone; it waits for its own delay (108 ms).
+    arrivals = [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    triton = run_ms(arrivals, 10.0, closing=Closing.TRITON, max_batch_size=4,
+                    max_queue_delay_microseconds=100_000)
+    assert sizes(triton) == [4, 4, 1]
+    assert starts_ms(triton) == [3.0] * 4 + [13.0] * 4 + [108.0]
+
+
+def test_a_waiting_payload_of_the_largest_preferred_size_takes_one_more():
+    # preferred [2] of max_batch_size 8, delay 100 ms. [0, 1] starts at 1 ms (to 11 ms).
+    # [2, 3] reaches the preferred size at 3 ms and closes into a waiting payload. At 5 ms
+    # two requests are queued, which reaches next_preferred (2) and wakes the thread. The
+    # waiting payload already holds the largest preferred size, so GetDynamicBatch marks
+    # it saturated and (best_preferred_batch_size is 0 at the scan's first request, so
+    # the second sets it to 1) takes one more: [2, 3, 4]. 5 then waits for its own delay.
+    arrivals = [0, 1, 2, 3, 4, 5]
+    triton = run_ms(arrivals, 10.0, closing=Closing.TRITON, max_batch_size=8,
+                    preferred_batch_size=(2,), max_queue_delay_microseconds=100_000)
+    assert sizes(triton) == [2, 3, 1]
+    assert starts_ms(triton) == [1.0, 1.0, 11.0, 11.0, 11.0, 105.0]
+
+
+def test_at_most_two_payloads_per_instance_wait():
+    # max_batch_size 1: every arrival is a full payload. One instance: one runs, two wait,
+    # and the thread blocks on the payload slot; the rest stay queued, so a queue limit of
+    # 1 rejects the arrivals behind the one that is queued.
+    arrivals = [0, 0.1, 0.2, 0.3, 0.4, 0.5]
+    r = run_ms(arrivals, 10.0, closing=Closing.TRITON, max_batch_size=1, max_queue_size=1)
+    # 0 runs, 0.1 and 0.2 wait in payloads, 0.3 is queued, 0.4 and 0.5 are rejected.
+    assert r.status.tolist()[:4] == [SERVED] * 4
+    assert r.counts["rejected"] == 2
+    assert starts_ms(r)[:4] == [0.0, 10.0, 20.0, 30.0]
+
+
+def test_low_load_matches_the_absorb_rule():
+    # With the instance idle whenever a batch forms, the two rules are the same.
+    arrivals = [0, 0.5, 1, 20, 20.5, 40]
+    triton, absorb = both(arrivals, exec_ms=1.0)
+    assert starts_ms(triton) == starts_ms(absorb) == [2.0, 2.0, 2.0, 22.0, 22.0, 42.0]
