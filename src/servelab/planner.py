@@ -28,8 +28,7 @@ def stability_floor(s: Scenario, service: ServiceModel) -> int:
 def latency_floor_ms(s: Scenario, service: ServiceModel) -> float:
     """p99 can never beat fetch + network + one batch of one (at their p99s)."""
     lat = s.latency
-    return ((lat.feature_fetch_p99_ms or lat.feature_fetch_ms)
-            + (lat.network_p99_ms or lat.network_ms)
+    return (lat.median_p99_ms("feature_fetch")[1] + lat.median_p99_ms("network")[1]
             + float(service.exec_s(np.array([1]))[0]) * 1e3)
 
 

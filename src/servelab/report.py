@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from servelab.batching.analytic import ClosedForm
-from servelab.batching.simulate import Simulation, is_constant
+from servelab.batching.simulate import Simulation
 from servelab.scenario import scenario_to_dict
 
 PERCENTILES = (50, 90, 95, 99)
@@ -242,8 +242,8 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
         gpu_s = (r.end_ns[served] - r.start_ns[served]) / 1e9
         fetch_s, net_s = sim.fetch_s[served], sim.network_s[served]
     lat = s.latency
-    fetch_const = is_constant(lat.feature_fetch_ms, lat.feature_fetch_p99_ms)
-    net_const = is_constant(lat.network_ms, lat.network_p99_ms)
+    fetch_const = lat.is_constant("feature_fetch")
+    net_const = lat.is_constant("network")
     fetch_stat = (Stat.constant(lat.feature_fetch_ms) if fetch_const or not queue_s.size
                   else Stat.of(fetch_s))
     net_stat = (Stat.constant(lat.network_ms) if net_const or not queue_s.size

@@ -64,6 +64,7 @@ class Variability(Enum):
     DETERMINISTIC = "deterministic"
     EXPONENTIAL = "exponential"
     GAMMA = "gamma"
+    EMPIRICAL = "empirical"  # measured multipliers, resampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +136,13 @@ class ServiceModelSpec:
     overhead_us: float = 0.0
     efficiency: float = 0.6
     precision: str = "bf16"
+    # affine and profile: the cost of each request in a batch beyond its rows (one row per
+    # request here, so a batch of b requests takes curve(b) + per_request_ms x b)
+    per_request_ms: float = 0.0
     # all kinds
     variability: Variability = Variability.DETERMINISTIC
     cv: float = 0.0
+    multipliers: tuple[float, ...] = ()  # empirical: measured batch time / the model's mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +150,8 @@ class Latency:
     """Latency outside the GPU, and the end-to-end objective.
 
     A component given by its median alone is constant; with a p99 as well it
-    is log-normal through those two points.
+    is log-normal through those two points; with measured samples it is those
+    samples, resampled (so measured stalls reach the tail).
     """
 
     feature_fetch_ms: float = 0.0
@@ -153,6 +159,32 @@ class Latency:
     network_ms: float = 0.0
     network_p99_ms: float | None = None
     p99_slo_ms: float = 100.0
+    feature_fetch_samples_ms: tuple[float, ...] = ()
+    network_samples_ms: tuple[float, ...] = ()
+
+    def median_p99_ms(self, part: str) -> tuple[float, float]:
+        """A component's median and p99 (ms): from its samples when it has them."""
+        samples = getattr(self, f"{part}_samples_ms")
+        if samples:
+            return quantile(samples, 0.5), quantile(samples, 0.99)
+        median = getattr(self, f"{part}_ms")
+        return median, getattr(self, f"{part}_p99_ms") or median
+
+    def is_constant(self, part: str) -> bool:
+        """No spread: a median alone (or a p99 equal to it), and no samples."""
+        if getattr(self, f"{part}_samples_ms"):
+            return False
+        median, p99 = getattr(self, f"{part}_ms"), getattr(self, f"{part}_p99_ms")
+        return p99 is None or p99 == median or median == 0
+
+
+def quantile(values: tuple[float, ...] | list[float], q: float) -> float:
+    """The q-quantile with linear interpolation (numpy's default), without numpy."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +373,24 @@ def _int_list(name: str, v: Any) -> tuple[int, ...]:
     return tuple(sorted(set(v)))
 
 
+MAX_SAMPLES = 1_000_000
+
+
+def _samples(lo: float, hi: float, what: str) -> Callable[[str, Any], tuple[float, ...]]:
+    def conv(name: str, v: Any) -> tuple[float, ...]:
+        expected = f"a list of at most {MAX_SAMPLES:,} {what} from {lo:g} to {hi:g}"
+        if not isinstance(v, list | tuple) or len(v) > MAX_SAMPLES:
+            what_ = f"a list of {len(v):,} entries" if isinstance(v, list | tuple) else v
+            raise invalid(name, what_, expected, f"write e.g. {name} = [1.0, 0.98, 1.4]")
+        for x in v:
+            if isinstance(x, bool) or not isinstance(x, int | float) or not _finite(x) or not (
+                    lo <= x <= hi):
+                raise invalid(name, x, f"each value a number in {expected}", "fix that value")
+        return tuple(float(x) for x in v)
+
+    return conv
+
+
 def _seconds_list(name: str, v: Any) -> tuple[float, ...]:
     expected = f"a list of at most {MAX_INLINE_ARRIVALS:,} arrival times in seconds >= 0"
     if not isinstance(v, list | tuple) or not v or len(v) > MAX_INLINE_ARRIVALS:
@@ -457,6 +507,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "precision": _choice("bf16", "fp8"),
         "variability": _enum(Variability),
         "cv": _num(0, MAX_CV),
+        "per_request_ms": _num(0, MAX_MS),
+        "multipliers": _samples(0.0, 1000.0, "multipliers (batch time / mean)"),
     }),
     "latency": (Latency, {
         "feature_fetch_ms": _num(0, MAX_MS),
@@ -464,6 +516,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "network_ms": _num(0, MAX_MS),
         "network_p99_ms": _opt(_num(0, MAX_MS)),
         "p99_slo_ms": _num(0, MAX_MS, strict_lo=True),
+        "feature_fetch_samples_ms": _samples(0.0, MAX_MS, "latencies in ms"),
+        "network_samples_ms": _samples(0.0, MAX_MS, "latencies in ms"),
     }),
     "plan": (PlanLimits, {
         "max_busy_fraction": _num(0, 1, strict_lo=True),
@@ -493,12 +547,12 @@ _TOP = {"name", "description", *_SECTIONS}
 # Which [model] keys each service-time kind takes (beyond kind/name/variability/cv).
 _MODEL_KEYS = {
     ServiceKind.CONSTANT: {"latency_ms", "flops_per_row"},
-    ServiceKind.AFFINE: {"base_ms", "per_row_ms", "flops_per_row"},
-    ServiceKind.PROFILE: {"points", "csv", "perf_analyzer_csv", "flops_per_row"},
+    ServiceKind.AFFINE: {"base_ms", "per_row_ms", "per_request_ms", "flops_per_row"},
+    ServiceKind.PROFILE: {"points", "csv", "perf_analyzer_csv", "per_request_ms", "flops_per_row"},
     ServiceKind.ROOFLINE: {"flops_per_row", "bytes_per_row", "bytes_per_batch", "overhead_us",
                            "efficiency", "precision"},
 }
-_MODEL_COMMON = {"kind", "name", "variability", "cv"}
+_MODEL_COMMON = {"kind", "name", "variability", "cv", "multipliers"}
 
 
 def _section(name: str, raw: Any) -> Any:
@@ -550,6 +604,14 @@ def _check_model(m: ServiceModelSpec, given: set[str]) -> ServiceModelSpec:
         raise invalid("[model] flops_per_row/bytes_per_row/bytes_per_batch", None,
                       "at least one of them for kind 'roofline'",
                       "set flops_per_row (e.g. 2 x parameters x tokens) and bytes_per_batch")
+    if (m.variability is Variability.EMPIRICAL) != bool(m.multipliers):
+        raise invalid("[model] variability/multipliers", m.variability.value,
+                      "multipliers exactly when variability = 'empirical'",
+                      "give measured multipliers = [...] with variability = 'empirical', "
+                      "or neither")
+    if m.multipliers and sum(m.multipliers) <= 0:
+        raise invalid("[model] multipliers", "all zero", "some multiplier > 0",
+                      "give measured batch times divided by the model's mean")
     if m.variability is Variability.GAMMA and m.cv < MIN_CV:
         raise invalid("[model] cv", m.cv, f"a number >= {MIN_CV:g} with variability = 'gamma'",
                       "set cv, e.g. 0.2 for a 20% spread")

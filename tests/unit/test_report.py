@@ -130,3 +130,18 @@ def test_rejections_and_timeouts_counted():
     assert q.served + q.rejected + q.timed_out == q.arrivals
     assert "requests rejected or timed out" in r.plan.verdict
     assert np.isfinite(r.plan.cost_per_million_usd)
+
+
+def test_measured_latency_samples_reach_the_tail():
+    # Network measured as 2 ms with a 40 ms stall one time in 50: p99 of the end to end
+    # carries the stall; a log-normal through the same median would not.
+    samples = [2.0] * 49 + [40.0]
+    s = load_scenario("seed").with_overrides({
+        "workload.num_requests": 50_000, "latency.network_samples_ms": samples,
+        "latency.feature_fetch_ms": 0.0})
+    r = run_simulate(s)
+    net = r.latency.components["network"]
+    assert net.p50_ms == pytest.approx(2.0)
+    assert net.p99_ms == pytest.approx(40.0)
+    assert r.latency.p99_ms > 40.0
+    assert s.latency.median_p99_ms("network") == (2.0, pytest.approx(21.38))

@@ -105,3 +105,34 @@ def test_exec_table_and_multipliers():
     e = draw_multipliers(Variability.EXPONENTIAL, 0, 200_000, rng)
     assert e.mean() == pytest.approx(1, abs=0.01)
     assert e.std() == pytest.approx(1, abs=0.02)
+
+
+def test_per_request_cost_adds_to_each_request_of_a_batch():
+    # Affine: b one-row requests pay 1 ms + 0.1 ms/row + 0.2 ms/request.
+    m = model(kind="affine", base_ms=1.0, per_row_ms=0.1, per_request_ms=0.2)
+    assert m.exec_s(np.array([1, 32])).tolist() == pytest.approx([1.3e-3, 10.6e-3])
+    assert m.saturated_rows_per_s(32) == pytest.approx(1 / 0.3e-3)
+    # Profile measured with one b-row request per batch (perf_analyzer -b b): 32 one-row
+    # requests take the measured 7.04 ms plus 32 x 0.323 ms = 17.38 ms, the pair.
+    p = model(kind="profile", points=[[1, 2.2], [32, 7.04]], per_request_ms=0.323)
+    assert p.exec_s(np.array([32]))[0] == pytest.approx(17.376e-3)
+    assert p.exec_s(np.array([1]))[0] == pytest.approx(2.523e-3)
+
+
+def test_empirical_multipliers_resample_measured_stalls():
+    # Measured batch times over the model's mean: a tight body and one 20x stall in 100.
+    measured = [1.0] * 99 + [20.0]
+    rng = np.random.default_rng(3)
+    d = draw_multipliers(Variability.EMPIRICAL, 0.0, 200_000, rng, tuple(measured))
+    assert d.mean() == pytest.approx(1.0, rel=0.02)  # scaled to mean 1
+    assert set(np.unique(np.round(d, 9))) == {round(1 / 1.19, 9), round(20 / 1.19, 9)}
+    assert (d > 10).mean() == pytest.approx(0.01, abs=0.002)  # the stall comes back 1 in 100
+
+
+def test_empirical_needs_multipliers_and_only_then():
+    with pytest.raises(InputError, match="multipliers exactly when variability = 'empirical'"):
+        model(kind="constant", latency_ms=1.0, variability="empirical")
+    with pytest.raises(InputError, match="multipliers exactly when"):
+        model(kind="constant", latency_ms=1.0, multipliers=[1.0, 2.0])
+    with pytest.raises(InputError, match="multipliers"):
+        model(kind="constant", latency_ms=1.0, variability="empirical", multipliers=[-1.0])

@@ -61,8 +61,8 @@ def estimate(s: Scenario, service: ServiceModel, num_gpus: int) -> ClosedForm:
     window_wait = (w_s + lam_w * w_s / 2) / (1 + lam_w) if w_s > 0 else 0.0
     window_wait = min(window_wait, w_s)
     lat = s.latency
-    fetch99 = lat.feature_fetch_p99_ms or lat.feature_fetch_ms
-    net99 = lat.network_p99_ms or lat.network_ms
+    fetch99 = lat.median_p99_ms("feature_fetch")[1]
+    net99 = lat.median_p99_ms("network")[1]
     p99 = fetch99 + net99 + (w_s + t + 5 * wait_busy) * 1e3
     return ClosedForm(
         num_gpus=num_gpus,

@@ -80,7 +80,9 @@ class ServiceModel:
 
 
 def _affine(spec: ServiceModelSpec, max_b: int) -> tuple[list[float], list[float], float | None]:
-    base, per_row = (spec.base_ms or 0.0) / 1e3, (spec.per_row_ms or 0.0) / 1e3
+    # One row per request: the per-request cost adds to the per-row slope.
+    base = (spec.base_ms or 0.0) / 1e3
+    per_row = ((spec.per_row_ms or 0.0) + spec.per_request_ms) / 1e3
     b = np.arange(1, max(max_b, 2) + 1, dtype=np.float64)
     asym = 1.0 / per_row if per_row > 0 else None
     return list(b), list(base + per_row * b), asym
@@ -171,7 +173,10 @@ def _profile(spec: ServiceModelSpec, resolve: Callable[[str, str], Path]
     if len(set(sizes)) != len(sizes) or any(ms <= 0 for _, ms in pts) or min(sizes) < 1:
         raise invalid("[model] profile", pts, "one latency > 0 per batch size >= 1",
                       "remove repeated or non-positive rows")
-    return [float(b) for b in sizes], [ms / 1e3 for _, ms in pts], None
+    # A profile is measured per batch of b rows (perf_analyzer -b b sends one request of b
+    # rows); b one-row requests also pay the per-request cost b times.
+    return ([float(b) for b in sizes],
+            [(ms + spec.per_request_ms * b) / 1e3 for b, ms in pts], None)
 
 
 def build_service_model(spec: ServiceModelSpec, gpu: GpuSpec, max_batch_size: int,
@@ -218,11 +223,21 @@ def exec_table_ns(model: ServiceModel, max_batch_size: int) -> np.ndarray:
 
 
 def draw_multipliers(variability: Variability, cv: float, n: int,
-                     rng: np.random.Generator) -> np.ndarray:
-    """Per-batch factors with mean 1 that scale the mean execution time."""
+                     rng: np.random.Generator,
+                     samples: tuple[float, ...] = ()) -> np.ndarray:
+    """Per-batch factors with mean 1 that scale the mean execution time.
+
+    Empirical: the measured multipliers (each batch's time over the model's mean at
+    its size), scaled to mean 1 so the model's mean stays the mean, and resampled
+    with replacement: a measured stall comes back about as often as it was seen.
+    """
     if variability is Variability.DETERMINISTIC:
         return np.ones(n)
     if variability is Variability.EXPONENTIAL:
         return rng.exponential(1.0, n)
+    if variability is Variability.EMPIRICAL:
+        pool = np.asarray(samples, dtype=np.float64)
+        drawn: np.ndarray = rng.choice(pool / pool.mean(), n)
+        return drawn
     shape = 1.0 / (cv * cv)
     return rng.gamma(shape, 1.0 / shape, n)

@@ -16,7 +16,7 @@ from servelab.batching.service import (
 )
 from servelab.batching.triton_engine import run_batcher_triton
 from servelab.errors import InputError
-from servelab.scenario import BatchingPolicy, Closing, Scenario
+from servelab.scenario import BatchingPolicy, Closing, Latency, Scenario
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -97,15 +97,15 @@ class Simulation:
     network_s: np.ndarray
 
 
-def is_constant(median_ms: float, p99_ms: float | None) -> bool:
-    """A latency component given by its median alone (or a p99 equal to it) is constant."""
-    return p99_ms is None or p99_ms == median_ms or median_ms == 0
-
-
-def _component(median_ms: float, p99_ms: float | None, n: int,
-               rng: np.random.Generator) -> np.ndarray:
-    """Constant at the median, or log-normal through (median, p99)."""
-    if p99_ms is None or is_constant(median_ms, p99_ms):
+def _component(lat: Latency, part: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Seconds per request: constant at the median, log-normal through (median, p99),
+    or the measured samples resampled with replacement."""
+    samples = getattr(lat, f"{part}_samples_ms")
+    if samples:
+        drawn: np.ndarray = rng.choice(np.asarray(samples, dtype=np.float64) / 1e3, n)
+        return drawn
+    median_ms, p99_ms = getattr(lat, f"{part}_ms"), getattr(lat, f"{part}_p99_ms")
+    if p99_ms is None or lat.is_constant(part):
         return np.full(n, median_ms / 1e3)
     sigma = np.log(p99_ms / median_ms) / 2.3263478740408408  # z(0.99)
     return rng.lognormal(np.log(median_ms / 1e3), sigma, n)
@@ -151,7 +151,7 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     )
     arrivals = generate_arrivals(s.workload, arr_rng, s.resolve_path)
     n = arrivals.size
-    mult = draw_multipliers(s.model.variability, s.model.cv, n, svc_rng)
+    mult = draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers)
     exec_ns = exec_table_ns(service, policy.max_batch_size)
     check_time_range(arrivals, exec_ns, mult, policy)
     records = simulate_policy(
@@ -166,6 +166,6 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
         scenario=s,
         service=service,
         records=records,
-        fetch_s=_component(lat.feature_fetch_ms, lat.feature_fetch_p99_ms, n, fetch_rng),
-        network_s=_component(lat.network_ms, lat.network_p99_ms, n, net_rng),
+        fetch_s=_component(lat, "feature_fetch", n, fetch_rng),
+        network_s=_component(lat, "network", n, net_rng),
     )
