@@ -1,0 +1,257 @@
+"""The gateway's dynamic batcher: Triton's batcher thread, the simulator's rule.
+
+``BatcherCore`` is a plain state machine over one model's queue, its payloads and
+its instances, with time passed in as integer nanoseconds. It makes every batch
+decision by calling the simulator's own ``get_dynamic_batch`` (the same compiled
+function ``triton_engine`` uses), and follows the same loop: instances finishing,
+arrivals, instances taking waiting payloads, the batcher thread, timeouts. A test
+drives it with a discrete-event clock and checks it against the engine request by
+request; ``AsyncBatcher`` drives it with the real clock in the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from servelab.batching.triton_engine import IDLE_WAIT_NS, get_dynamic_batch
+from servelab.scenario import BatchingPolicy
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, eq=False)
+class Payload(Generic[T]):
+    """A batch being formed, waiting for an instance, or running."""
+
+    items: list[T] = field(default_factory=list)
+    arrivals_ns: list[int] = field(default_factory=list)
+    started: bool = False
+
+
+class BatcherCore(Generic[T]):
+    """One model's batcher: queue, current payload, waiting payloads, idle instances.
+
+    ``on_start(payload)`` is called when an instance takes a payload; the caller runs
+    it and calls ``complete(now)`` when it is done. ``arrive`` returns False when the
+    queue is full (``max_queue_size``); ``step`` returns the requests that timed out.
+    """
+
+    def __init__(self, policy: BatchingPolicy, num_instances: int,
+                 on_start: Callable[[Payload[T]], None]) -> None:
+        mbs = policy.max_batch_size
+        self.mbs = mbs
+        self.delay_ns = policy.max_queue_delay_microseconds * 1000
+        self.timeout_ns = policy.default_timeout_microseconds * 1000
+        self.max_queue_size = policy.max_queue_size
+        prefs = set(policy.effective_preferred)
+        self.is_pref = np.zeros(mbs + 1, np.bool_)
+        self.is_pref[list(prefs)] = True
+        self.pref_floor = np.zeros(mbs + 1, np.int64)
+        for b in range(1, mbs + 1):
+            self.pref_floor[b] = b if self.is_pref[b] else self.pref_floor[b - 1]
+        self.pref_above = np.zeros(mbs + 2, np.int64)
+        for b in range(mbs - 1, -1, -1):
+            self.pref_above[b] = b + 1 if self.is_pref[b + 1] else self.pref_above[b + 1]
+        self.max_pref = int(self.pref_floor[mbs])
+        self.slots = 2 * num_instances
+        self.idle = num_instances
+        self.on_start = on_start
+        self.queue: deque[tuple[T, int]] = deque()  # (item, arrival ns), not in a payload
+        self.waiting: deque[Payload[T]] = deque()  # payloads handed over, not started
+        self.current: Payload[T] | None = None  # the payload the thread is filling
+        self.saturated = False
+        self.next_pref = 0
+        self.timer_ns = 0  # the thread starts asleep on an empty queue
+        self.timer_idle = True
+        self.blocked = False
+        self.wake = False
+
+    # -- events -------------------------------------------------------------------------
+    def arrive(self, item: T, now: int) -> bool:
+        """Queue a request; False if the queue is full (Triton answers 503)."""
+        if self.max_queue_size and len(self.queue) >= self.max_queue_size:
+            return False
+        self.queue.append((item, now))
+        stale = self.current is not None and self.current.started
+        if len(self.waiting) < self.slots and (
+                self.saturated or stale or len(self.queue) >= self.next_pref):
+            self.wake = True
+        return True
+
+    def complete(self, now: int) -> None:
+        """An instance finished its payload: it is idle, and the callback wakes the thread."""
+        self.idle += 1
+        self.wake = True
+
+    def step(self, now: int) -> list[T]:
+        """Everything that happens at `now` after the events: instances take waiting
+        payloads, the thread runs if woken, queued requests past their timeout leave."""
+        if self.timer_idle and not self.blocked and self.queue and self.timer_ns < now:
+            self.timer_ns += -(-(now - self.timer_ns) // IDLE_WAIT_NS) * IDLE_WAIT_NS
+        if not self.blocked and self.timer_ns <= now and (self.queue or not self.timer_idle):
+            self.wake = True
+        self._dispatch()
+        if self.wake and not (self.blocked and len(self.waiting) >= self.slots):
+            self._run_thread(now)
+        self.wake = False
+        expired: list[T] = []
+        while self.timeout_ns and self.queue and self.queue[0][1] + self.timeout_ns <= now:
+            expired.append(self.queue.popleft()[0])
+        return expired
+
+    def next_event_ns(self) -> int | None:
+        """When `step` must run next with no other event (the thread's timer, a timeout)."""
+        t: int | None = None
+        if not self.blocked and (self.queue or not self.timer_idle):
+            t = self.timer_ns
+        if self.queue and self.timeout_ns:
+            deadline = self.queue[0][1] + self.timeout_ns
+            t = deadline if t is None else min(t, deadline)
+        return t
+
+    # -- the batcher thread --------------------------------------------------------------
+    def _dispatch(self) -> None:
+        while self.idle > 0 and self.waiting:
+            p = self.waiting.popleft()
+            p.started = True
+            self.idle -= 1
+            self.on_start(p)
+
+    def _run_thread(self, now: int) -> None:
+        while True:
+            self._dispatch()
+            cur = self.current
+            if self.saturated or (cur is not None and cur.started):  # NewPayload()
+                self.current = cur = None
+                self.saturated = False
+                self.next_pref = 0
+            if not self.queue:
+                self.timer_ns, self.timer_idle, self.blocked = now + IDLE_WAIT_NS, True, False
+                return
+            if len(self.waiting) >= self.slots:
+                self.blocked = True
+                return
+            self.blocked = False
+            k = len(cur.items) if cur is not None else 0
+            take, wait_us, saturated, nxt = get_dynamic_batch(
+                len(self.queue), k, now - self.queue[0][1], self.is_pref, self.pref_floor,
+                self.pref_above, self.max_pref, self.mbs, self.delay_ns, self.saturated)
+            self.saturated = bool(saturated)
+            if nxt >= 0:
+                self.next_pref = int(nxt)
+            if take > 0:
+                if cur is None:
+                    cur = self.current = Payload()
+                    self.waiting.append(cur)
+                for _ in range(take):
+                    item, at = self.queue.popleft()
+                    cur.items.append(item)
+                    cur.arrivals_ns.append(at)
+                continue
+            if wait_us > 0:
+                self.timer_ns, self.timer_idle = now + int(wait_us) * 1000, False
+                return
+            if not self.saturated:
+                self.timer_ns, self.timer_idle = now + IDLE_WAIT_NS, True
+                return
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """One request in the gateway: its inputs and the future its answer goes to."""
+
+    inputs: Any
+    future: asyncio.Future[Any]
+    arrived_ns: int
+    started_ns: int = 0
+
+
+class AsyncBatcher:
+    """Drives a BatcherCore with the real clock: arrivals from request handlers,
+    payloads run by `execute` on a thread pool (one worker per instance), completions
+    and the thread's timer on the event loop."""
+
+    def __init__(self, policy: BatchingPolicy, num_instances: int,
+                 execute: Callable[[list[Any]], list[Any]],
+                 on_batch: Callable[[int, int, int], None] | None = None) -> None:
+        self.core: BatcherCore[Pending] = BatcherCore(policy, num_instances, self._start)
+        self.execute = execute
+        self.on_batch = on_batch  # (batch size, queue ns summed, compute ns) per batch
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.in_flight = 0  # accepted and not yet answered
+
+    @staticmethod
+    def now() -> int:
+        return time.monotonic_ns()
+
+    def submit(self, inputs: Any) -> asyncio.Future[Any] | None:
+        """Queue one request; None if the queue is full."""
+        loop = self.loop = self.loop or asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        now = self.now()
+        if not self.core.arrive(Pending(inputs, fut, now), now):
+            return None
+        self.in_flight += 1
+        fut.add_done_callback(lambda _f: self._answered())
+        self._step(now)
+        return fut
+
+    def _answered(self) -> None:
+        self.in_flight -= 1
+
+    def _step(self, now: int) -> None:
+        for p in self.core.step(now):
+            if not p.future.done():
+                p.future.set_exception(TimeoutError("Request timeout expired"))
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        at = self.core.next_event_ns()
+        if at is not None and self.loop is not None:
+            delay = max(0.0, (at - self.now()) / 1e9)
+            self._timer = self.loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        # The loop's timer can fire a hair early: treat the event it was set for as due.
+        self._step(max(self.now(), self.core.next_event_ns() or 0))
+
+    def _start(self, payload: Payload[Pending]) -> None:
+        assert self.loop is not None
+        started = self.now()
+        for p in payload.items:
+            p.started_ns = started
+        fut = self.loop.run_in_executor(None, self._run, payload)
+        fut.add_done_callback(lambda f: self._finished(payload, f, started))
+
+    def _run(self, payload: Payload[Pending]) -> list[Any]:
+        return self.execute([p.inputs for p in payload.items])
+
+    def _finished(self, payload: Payload[Pending], f: asyncio.Future[list[Any]],
+                  started: int) -> None:
+        now = self.now()
+        exc = f.exception()
+        if exc is not None:
+            for p in payload.items:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+        else:
+            for p, out in zip(payload.items, f.result(), strict=True):
+                if not p.future.done():
+                    p.future.set_result(out)
+        if self.on_batch is not None:
+            self.on_batch(len(payload.items), sum(started - p.arrived_ns for p in payload.items),
+                          now - started)
+        self.core.complete(now)
+        self._step(now)
