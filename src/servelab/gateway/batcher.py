@@ -72,6 +72,10 @@ class BatcherCore(Generic[T]):
         self.timer_idle = True
         self.blocked = False
         self.wake = False
+        # Compile (or load from Numba's cache) the decision for these argument types now,
+        # not on the first request.
+        get_dynamic_batch(1, 0, 0, self.is_pref, self.pref_floor, self.pref_above,
+                          self.max_pref, self.mbs, self.delay_ns, False)
 
     # -- events -------------------------------------------------------------------------
     def arrive(self, item: T, now: int) -> bool:
@@ -249,7 +253,7 @@ class AsyncBatcher:
         else:
             for p, out in zip(payload.items, f.result(), strict=True):
                 if not p.future.done():
-                    p.future.set_result(out)
+                    p.future.set_result((out, p.started_ns - p.arrived_ns))
         if self.on_batch is not None:
             self.on_batch(len(payload.items), sum(started - p.arrived_ns for p in payload.items),
                           now - started)

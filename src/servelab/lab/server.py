@@ -203,7 +203,7 @@ def _paging(s: Scenario) -> dict[str, Any]:
     return out
 
 
-def _json(obj: dict[str, Any], status_code: int = 200) -> Response:
+def _json(obj: Any, status_code: int = 200) -> Response:
     """Reports are plain JSON already: skip FastAPI's recursive encoder (it costs more
     than the simulation's report on a slider move)."""
     return Response(json.dumps(obj, allow_nan=False), status_code=status_code,
@@ -228,8 +228,10 @@ class GuardMiddleware:
     rebinding: a page on another site resolving its own name to 127.0.0.1) with 403,
     and a request body over the size limit with 413."""
 
-    def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...], max_body: int) -> None:
+    def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...], max_body: int,
+                 server: str = "the lab") -> None:
         self.app = app
+        self.server = server
         self.allowed = {h.lower() for h in allowed_hosts}
         self.max_body = max_body
 
@@ -241,15 +243,15 @@ class GuardMiddleware:
         host = _host_name(headers.get(b"host", b"").decode("latin-1"))
         if host not in self.allowed:
             shown_host = cut(repr(host), 60)
-            await _error(f"Host {shown_host}: the lab answers only "
-                         f"{', '.join(sorted(self.allowed))}; fix: open the lab by one of "
-                         "those names, or start it with --allow-host NAME", 403
+            await _error(f"Host {shown_host}: {self.server} answers only "
+                         f"{', '.join(sorted(self.allowed))}; fix: use one of those names, "
+                         "or start it with --allow-host NAME", 403
                          )(scope, receive, send)
             return
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             await _error(f"request body of {cut(length.decode('latin-1'), 20)} bytes: "
-                         f"expected at most {self.max_body:,}; fix: send a smaller scenario",
+                         f"expected at most {self.max_body:,}; fix: send a smaller body",
                          413)(scope, receive, send)
             return
         received = 0
@@ -267,7 +269,7 @@ class GuardMiddleware:
             await self.app(scope, limited, send)
         except _BodyTooLargeError:
             await _error(f"request body over {self.max_body:,} bytes; fix: send a smaller "
-                         "scenario", 413)(scope, receive, send)
+                         "body", 413)(scope, receive, send)
 
 
 class _BodyTooLargeError(Exception):

@@ -1,0 +1,364 @@
+"""The gateway's HTTP side: Open Inference Protocol v2 routes as Triton serves them,
+Triton's statistics and Prometheus metrics, over models batched by ``AsyncBatcher``.
+
+Safe by default as the lab is: loopback hosts only (403 otherwise), a request body
+limit (413), errors as one JSON line with Triton's status codes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from servelab.errors import InputError, ServelabError, cut
+from servelab.gateway.batcher import AsyncBatcher
+from servelab.gateway.protocol import build_response, parse_request
+from servelab.gateway.runner import OnnxModel, Timing
+from servelab.lab.server import LOOPBACK_HOSTS, GuardMiddleware, _error, _json
+from servelab.scenario import BatchingPolicy
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # Triton has no *_created
+MAX_BODY_BYTES = 64 * 1024 * 1024
+# Fine enough to read a p99 between 0.1 ms and 10 s.
+LATENCY_BUCKETS_S = (*(b * 10.0**e for e in range(-4, 1) for b in (1, 1.5, 2, 3, 5, 7)), 10.0)
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, n: int = 1) -> None:
+        self.count += n
+        self.ns += ns
+
+    def json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelStats:
+    """Triton's /v2/models/{m}/stats figures, kept as Triton keeps them."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    batches: dict[int, tuple[Duration, Duration, Duration]] = field(
+        default_factory=lambda: defaultdict(lambda: (Duration(), Duration(), Duration())))
+
+
+# Triton's own metric names (no "_total": Triton's prometheus-cpp exposition has none).
+TRITON_METRICS = {
+    "nv_inference_request_success": "Number of successful inference requests, all batch sizes",
+    "nv_inference_request_failure": "Number of failed inference requests, all batch sizes",
+    "nv_inference_count": "Number of inferences performed (rows)",
+    "nv_inference_exec_count": "Number of model executions performed (batches)",
+    "nv_inference_request_duration_us": "Cumulative inference request duration in microseconds",
+    "nv_inference_queue_duration_us": "Cumulative inference queuing duration in microseconds",
+    "nv_inference_compute_input_duration_us": "Cumulative compute input duration in microseconds",
+    "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in "
+                                              "microseconds",
+    "nv_inference_compute_output_duration_us": "Cumulative inference compute output duration "
+                                               "in microseconds",
+    "nv_inference_pending_request_count": "Instantaneous number of pending requests awaiting "
+                                          "execution per-model",
+}
+
+
+class _TritonCollector(Collector):
+    """Triton's counters under Triton's exact names, for prometheus_client's exposition.
+
+    prometheus_client appends "_total" to its Counter's name; Triton's dashboards query
+    the names without it, so these are exposed as untyped samples named as Triton does.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+
+    def inc(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
+        with self.lock:
+            self.values[(name, tuple(sorted(labels.items())))] += amount
+
+    def set(self, name: str, labels: dict[str, str], value: float) -> None:
+        with self.lock:
+            self.values[(name, tuple(sorted(labels.items())))] = value
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            items = sorted(self.values.items())
+        for name, doc in TRITON_METRICS.items():
+            fam = Metric(name, doc, "unknown")
+            for (n, labels), v in items:
+                if n == name:
+                    fam.add_sample(name, dict(labels), v)
+            yield fam
+
+
+class Metrics:
+    """Prometheus metrics: Triton's counters by Triton's names and labels, plus servelab's
+    histograms (fine enough buckets to read a p99)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.triton = _TritonCollector()
+        self.registry.register(self.triton)
+        r, labels = self.registry, ["model", "version"]
+        self.request_s = Histogram("servelab_request_duration_seconds",
+                                   "Request duration in the gateway (s)", labels,
+                                   buckets=LATENCY_BUCKETS_S, registry=r)
+        self.queue_s = Histogram("servelab_queue_duration_seconds",
+                                 "Time queued before the batch started (s)", labels,
+                                 buckets=LATENCY_BUCKETS_S, registry=r)
+        self.batch_size = Histogram("servelab_batch_size", "Requests per executed batch",
+                                    labels, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+                                    registry=r)
+
+    def inc(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
+        self.triton.inc(name, labels, amount)
+
+
+class ServedModel:
+    """One model: its runner, batching policy, batcher, statistics."""
+
+    def __init__(self, model: OnnxModel, policy: BatchingPolicy, instances: int,
+                 metrics: Metrics) -> None:
+        self.model = model
+        self.policy = policy
+        self.instances = instances
+        self.stats = ModelStats()
+        self.metrics = metrics
+        self.labels = {"model": model.name, "version": "1"}
+        self.lock = threading.Lock()
+        self.batcher = AsyncBatcher(policy, instances, self._execute)
+
+    def _execute(self, requests: list[dict[str, np.ndarray]]) -> list[tuple[Any, Timing]]:
+        outs, timing = self.model.run(requests)
+        n = len(requests)
+        with self.lock:  # worker threads record the batch as Triton's batch_stats does
+            s = self.stats
+            s.execution_count += 1
+            s.inference_count += sum(next(iter(r.values())).shape[0] for r in requests)
+            s.compute_input.add(timing.input_ns, n)
+            s.compute_infer.add(timing.infer_ns, n)
+            s.compute_output.add(timing.output_ns, n)
+            b_in, b_inf, b_out = s.batches[n]
+            b_in.add(timing.input_ns)
+            b_inf.add(timing.infer_ns)
+            b_out.add(timing.output_ns)
+        m, lab = self.metrics, self.labels
+        m.inc("nv_inference_exec_count", lab)
+        m.inc("nv_inference_count", lab, sum(next(iter(r.values())).shape[0] for r in requests))
+        m.inc("nv_inference_compute_input_duration_us", lab, timing.input_ns * n / 1e3)
+        m.inc("nv_inference_compute_infer_duration_us", lab, timing.infer_ns * n / 1e3)
+        m.inc("nv_inference_compute_output_duration_us", lab, timing.output_ns * n / 1e3)
+        m.batch_size.labels(**lab).observe(n)
+        return [(o, timing) for o in outs]
+
+    def config_json(self) -> dict[str, Any]:
+        """The model's configuration in Triton's JSON form (GET .../config)."""
+        p = self.policy
+
+        def tensors(ts: Any) -> list[dict[str, Any]]:
+            return [{"name": t.name, "data_type": f"TYPE_{t.datatype}",
+                     "dims": list(t.shape[1:])} for t in ts]
+
+        policy: dict[str, Any] = {"max_queue_size": p.max_queue_size}
+        if p.default_timeout_microseconds:
+            policy.update(timeout_action="REJECT",
+                          default_timeout_microseconds=p.default_timeout_microseconds)
+        return {
+            "name": self.model.name, "platform": "onnxruntime_onnx",
+            "backend": "onnxruntime", "max_batch_size": p.max_batch_size,
+            "input": tensors(self.model.inputs), "output": tensors(self.model.outputs),
+            "dynamic_batching": {
+                "preferred_batch_size": list(p.preferred_batch_size),
+                "max_queue_delay_microseconds": p.max_queue_delay_microseconds,
+                "default_queue_policy": policy,
+            },
+            "instance_group": [{"name": f"{self.model.name}_0", "count": self.instances,
+                                "kind": "KIND_CPU"}],
+        }
+
+    def stats_json(self) -> dict[str, Any]:
+        s = self.stats
+        with self.lock:
+            batch_stats = [{"batch_size": b, "compute_input": d[0].json(),
+                            "compute_infer": d[1].json(), "compute_output": d[2].json()}
+                           for b, d in sorted(s.batches.items())]
+            inference = {k: getattr(s, k).json() for k in (
+                "success", "fail", "queue", "compute_input", "compute_infer",
+                "compute_output")}
+            counts = (s.inference_count, s.execution_count)
+        inference["cache_hit"] = {"count": 0, "ns": 0}
+        inference["cache_miss"] = {"count": 0, "ns": 0}
+        return {"name": self.model.name, "version": "1", "last_inference": s.last_inference_ms,
+                "inference_count": counts[0], "execution_count": counts[1],
+                "inference_stats": inference, "batch_stats": batch_stats}
+
+
+def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS,
+                   metrics: Metrics | None = None) -> FastAPI:
+    """The v2 app over loaded models."""
+    by_name = {m.model.name: m for m in models}
+    metrics = metrics or (models[0].metrics if models else Metrics())
+    app = FastAPI(title="servelab gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts, max_body=MAX_BODY_BYTES,
+                       server="the gateway")
+
+    def served(name: str) -> ServedModel:
+        if name not in by_name:
+            raise StarletteHTTPException(404, f"Request for unknown model: '{cut(name, 80)}' "
+                                              "is not found")
+        return by_name[name]
+
+    @app.exception_handler(ServelabError)
+    async def user_error(_: Request, exc: ServelabError) -> Response:
+        return _error(str(exc), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return _error(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def bug(_: Request, exc: Exception) -> Response:
+        return _error(f"internal error ({type(exc).__name__}: {cut(str(exc), 200)})", 500)
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        return Response(status_code=200 if by_name else 400)
+
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return _json({"name": "servelab", "version": "0.1.0",
+                      "extensions": ["binary_tensor_data", "statistics", "model_repository"]})
+
+    def metadata(name: str) -> Response:
+        m = served(name).model
+        return _json({"name": m.name, "versions": ["1"], "platform": "onnxruntime_onnx",
+                      "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+                                 for t in m.inputs],
+                      "outputs": [{"name": t.name, "datatype": t.datatype,
+                                   "shape": list(t.shape)} for t in m.outputs]})
+
+    @app.get("/v2/models/{name}")
+    async def model_metadata(name: str) -> Response:
+        return metadata(name)
+
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_version_metadata(name: str, version: str) -> Response:
+        return metadata(name)
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str) -> Response:
+        served(name)
+        return Response(status_code=200)
+
+    @app.get("/v2/models/{name}/config")
+    async def model_config(name: str) -> Response:
+        return _json(served(name).config_json())
+
+    @app.get("/v2/models/stats")
+    async def all_stats() -> Response:
+        return _json({"model_stats": [m.stats_json() for m in by_name.values()]})
+
+    @app.get("/v2/models/{name}/stats")
+    async def model_stats(name: str) -> Response:
+        return _json({"model_stats": [served(name).stats_json()]})
+
+    @app.get("/v2/models/{name}/versions/{version}/stats")
+    async def model_version_stats(name: str, version: str) -> Response:
+        return _json({"model_stats": [served(name).stats_json()]})
+
+    @app.post("/v2/repository/index")
+    async def repository_index() -> Response:
+        return _json([{"name": n, "version": "1", "state": "READY"} for n in by_name])
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        for m in by_name.values():
+            metrics.triton.set("nv_inference_pending_request_count", m.labels,
+                               m.batcher.in_flight)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def infer(name: str, request: Request) -> Response:
+        sm = served(name)
+        t0 = time.monotonic_ns()
+        lab = sm.labels
+        body = await request.body()
+        try:
+            req = parse_request(body, request.headers.get("inference-header-content-length"),
+                                name, sm.model.inputs, sm.policy.max_batch_size)
+        except InputError:
+            metrics.inc("nv_inference_request_failure", {**lab, "reason": "OTHER"})
+            sm.stats.fail.add(time.monotonic_ns() - t0)
+            raise
+        fut = sm.batcher.submit(req.inputs)
+        if fut is None:
+            metrics.inc("nv_inference_request_failure", {**lab, "reason": "REJECTED"})
+            sm.stats.fail.add(time.monotonic_ns() - t0)
+            return _error("Exceeds maximum queue size", 503)
+        try:
+            (values, _timing), queue_ns = await fut
+        except TimeoutError:
+            metrics.inc("nv_inference_request_failure", {**lab, "reason": "REJECTED"})
+            sm.stats.fail.add(time.monotonic_ns() - t0)
+            return _error("Request timeout expired", 503)
+        except Exception as exc:  # the model itself failed on this batch
+            metrics.inc("nv_inference_request_failure", {**lab, "reason": "BACKEND"})
+            sm.stats.fail.add(time.monotonic_ns() - t0)
+            return _error(f"inference failed: {cut(str(exc), 300)}", 500)
+        payload, header_len = build_response(name, req, sm.model.outputs, values)
+        done = time.monotonic_ns()
+        sm.stats.success.add(done - t0)
+        sm.stats.queue.add(queue_ns)
+        metrics.inc("nv_inference_queue_duration_us", lab, queue_ns / 1e3)
+        metrics.queue_s.labels(**lab).observe(queue_ns / 1e9)
+        sm.stats.last_inference_ms = int(time.time() * 1000)
+        metrics.inc("nv_inference_request_success", lab)
+        metrics.inc("nv_inference_request_duration_us", lab, (done - t0) / 1e3)
+        metrics.request_s.labels(**lab).observe((done - t0) / 1e9)
+        headers = {}
+        if header_len is not None:
+            headers["Inference-Header-Content-Length"] = str(header_len)
+            return Response(payload, media_type="application/octet-stream", headers=headers)
+        return Response(payload, media_type="application/json")
+
+    @app.post("/v2/models/{name}/infer")
+    async def model_infer(name: str, request: Request) -> Response:
+        return await infer(name, request)
+
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def model_version_infer(name: str, version: str, request: Request) -> Response:
+        return await infer(name, request)
+
+    app.state.models = by_name
+    return app

@@ -1,0 +1,153 @@
+"""The Open Inference Protocol v2 (KServe v2) request and response bodies, as Triton
+speaks them over HTTP: JSON tensors, and the binary tensor data extension
+(``Inference-Header-Content-Length``, ``binary_data_size``, ``binary_data_output``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from servelab.errors import InputError, cut
+from servelab.gateway.runner import V2_DTYPES, TensorSpec
+
+MAX_ELEMENTS = 16 * 1024 * 1024  # per input tensor
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: tuple[tuple[str, bool], ...]  # (name, binary) asked for; () means all
+    binary_default: bool  # parameters.binary_data_output
+    rows: int
+
+
+def _bad(msg: str) -> InputError:
+    return InputError(msg)
+
+
+def parse_request(body: bytes, header_length: str | None, model: str,
+                  inputs: tuple[TensorSpec, ...], max_batch_size: int) -> InferRequest:
+    """A request body to validated input arrays, one batch dimension for all inputs."""
+    if header_length is not None:
+        try:
+            n = int(header_length)
+        except ValueError:
+            raise _bad(f"Inference-Header-Content-Length = {cut(header_length)!r}: expected "
+                       "a whole number of bytes") from None
+        if not 0 < n <= len(body):
+            raise _bad(f"Inference-Header-Content-Length = {n}: expected 1 to the body's "
+                       f"{len(body)} bytes")
+        head, binary = body[:n], body[n:]
+    else:
+        head, binary = body, b""
+    try:
+        doc = json.loads(head)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        raise _bad("request: not valid JSON; fix: send {\"inputs\": [...]} as the v2 "
+                   "protocol describes") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise _bad("request: expected an object with an \"inputs\" list")
+    specs = {t.name: t for t in inputs}
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in doc["inputs"]:
+        if not isinstance(item, dict):
+            raise _bad("request inputs: each input must be an object")
+        name = item.get("name")
+        if name not in specs:
+            raise _bad(f"unexpected inference input {cut(str(name), 60)!r} for model "
+                       f"{model!r}; expected {', '.join(sorted(specs))}")
+        spec = specs[name]
+        if item.get("datatype") != spec.datatype:
+            raise _bad(f"input {name!r}: datatype {cut(str(item.get('datatype')), 20)!r}, "
+                       f"expected {spec.datatype}")
+        shape = item.get("shape")
+        if not (isinstance(shape, list) and shape and all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise _bad(f"input {name!r}: shape must be a list of whole numbers")
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 0
+        if count > MAX_ELEMENTS:
+            raise _bad(f"input {name!r}: {count:,} elements; expected at most {MAX_ELEMENTS:,}")
+        if len(shape) != len(spec.shape) or any(
+                want not in (-1, got) for want, got in zip(spec.shape[1:], shape[1:],
+                                                           strict=True)):
+            raise _bad(f"input {name!r}: shape {shape} does not match the model's "
+                       f"{list(spec.shape)}")
+        dtype = V2_DTYPES[spec.datatype]
+        tparams = item.get("parameters") or {}
+        size = tparams.get("binary_data_size") if isinstance(tparams, dict) else None
+        if size is not None:
+            if not isinstance(size, int) or size != count * dtype.itemsize or (
+                    offset + size > len(binary)):
+                raise _bad(f"input {name!r}: binary_data_size {cut(str(size), 20)} does not "
+                           f"match {count} x {dtype.itemsize} bytes in the body")
+            arr = np.frombuffer(binary, dtype=dtype, count=count, offset=offset)
+            offset += size
+        else:
+            data = item.get("data")
+            if data is None:
+                raise _bad(f"input {name!r}: no data and no binary_data_size")
+            try:
+                arr = np.asarray(data, dtype=dtype).reshape(-1)
+            except (ValueError, TypeError, OverflowError):
+                raise _bad(f"input {name!r}: data is not a list of {spec.datatype} "
+                           "values") from None
+            if arr.size != count:
+                raise _bad(f"input {name!r}: {arr.size} values for shape {shape}")
+        arrays[name] = arr.reshape(shape)
+    missing = sorted(set(specs) - set(arrays))
+    if missing:
+        raise _bad(f"model {model!r}: missing input(s) {', '.join(missing)}")
+    if offset != len(binary):
+        raise _bad(f"request: {len(binary) - offset} bytes of binary data no input claims")
+    rows = {a.shape[0] for a in arrays.values()}
+    if len(rows) != 1:
+        raise _bad("request: every input needs the same batch dimension")
+    n_rows = rows.pop()
+    if not 1 <= n_rows <= max_batch_size:
+        raise _bad(f"inference request batch-size must be <= {max_batch_size} for "
+                   f"{model!r}, got {n_rows}")
+    raw_params = doc.get("parameters")
+    params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
+    outs = []
+    for o in doc.get("outputs") or []:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise _bad("request outputs: each output needs a name")
+        p = o.get("parameters") or {}
+        outs.append((o["name"], bool(p.get("binary_data")) if isinstance(p, dict) else False))
+    rid = doc.get("id")
+    return InferRequest(str(rid) if rid is not None else None, arrays, tuple(outs),
+                        bool(params.get("binary_data_output")), n_rows)
+
+
+def build_response(model: str, req: InferRequest, outputs: tuple[TensorSpec, ...],
+                   values: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+    """The response body and, when any tensor is binary, its JSON header's length."""
+    wanted = req.outputs or tuple((t.name, req.binary_default) for t in outputs)
+    known = {t.name: t for t in outputs}
+    out_json: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, binary in wanted:
+        if name not in known:
+            raise _bad(f"unexpected inference output {cut(name, 60)!r} for model {model!r}")
+        arr = np.ascontiguousarray(values[name])
+        item: dict[str, Any] = {"name": name, "datatype": known[name].datatype,
+                                "shape": list(arr.shape)}
+        if binary:
+            raw = arr.astype(known[name].dtype, copy=False).tobytes()
+            item["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            item["data"] = arr.reshape(-1).tolist()
+        out_json.append(item)
+    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": out_json}
+    if req.id is not None:
+        doc["id"] = req.id
+    head = json.dumps(doc).encode()
+    if not blobs:
+        return head, None
+    return head + b"".join(blobs), len(head)

@@ -1,0 +1,216 @@
+"""`servelab serve` as a process, called with NVIDIA's own client (tritonclient.http and
+.aio, unchanged): metadata, JSON and binary tensors, Triton's 503s, statistics and
+metrics that add up, and a SIGTERM under load that loses no accepted request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from servelab.gateway.demo import mlp_reference, write_mlp
+from tests.browser_support import free_port
+
+httpclient = pytest.importorskip("tritonclient.http")
+aioclient = pytest.importorskip("tritonclient.http.aio")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+BIG = {"inputs": 512, "hidden": 4096, "outputs": 8}  # a few ms a batch on this CPU
+
+
+@contextlib.contextmanager
+def gateway(tmp_path: Path, *args: str, model: dict[str, int] | None = None
+            ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    path = write_mlp(tmp_path / "m.onnx", **(model or {}))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--model",
+                             f"mlp={path}", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://{url}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"the gateway did not start: {err}")
+            time.sleep(0.2)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def request(x: np.ndarray, binary: bool) -> tuple[list, list]:  # type: ignore[type-arg]
+    inp = httpclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    return [inp], [httpclient.InferRequestedOutput("y", binary_data=binary)]
+
+
+def test_metadata_config_index_and_inference_json_and_binary(tmp_path):
+    with gateway(tmp_path, "--max-batch-size", "8", "--max-queue-delay-us", "500") as (_, url):
+        c = httpclient.InferenceServerClient(url)
+        assert c.is_server_live()
+        assert c.is_server_ready()
+        assert c.is_model_ready("mlp")
+        meta = c.get_model_metadata("mlp")
+        assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 16]}]
+        assert meta["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]
+        cfg = c.get_model_config("mlp")
+        assert cfg["max_batch_size"] == 8
+        assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+        assert c.get_model_repository_index() == [
+            {"name": "mlp", "version": "1", "state": "READY"}]
+        x = np.random.default_rng(1).normal(size=(3, 16)).astype(np.float32)
+        for binary in (False, True):
+            inputs, outputs = request(x, binary)
+            res = c.infer("mlp", inputs, outputs=outputs)
+            np.testing.assert_allclose(res.as_numpy("y"), mlp_reference(x), rtol=1e-5,
+                                       atol=1e-5)
+        # No outputs asked: tritonclient asks for binary ones; still the same numbers.
+        inp = httpclient.InferInput("x", [1, 16], "FP32")
+        inp.set_data_from_numpy(x[:1])
+        np.testing.assert_allclose(c.infer("mlp", [inp]).as_numpy("y"), mlp_reference(x[:1]),
+                                   rtol=1e-5, atol=1e-5)
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            c.get_model_metadata("nope")
+        bad = httpclient.InferInput("x", [1, 3], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+        with pytest.raises(InferenceServerException, match="does not match"):
+            c.infer("mlp", [bad])
+        c.close()
+
+
+def test_aio_client_concurrent_requests_batch_and_stats_add_up(tmp_path):
+    with gateway(tmp_path, "--max-batch-size", "16", "--max-queue-delay-us", "2000") as (
+            _, url):
+        xs = np.random.default_rng(2).normal(size=(64, 1, 16)).astype(np.float32)
+
+        async def run() -> list[np.ndarray]:
+            c = aioclient.InferenceServerClient(url)
+            try:
+                outs = []
+                for k in range(0, 64, 16):  # four waves of 16 concurrent requests
+                    reqs = []
+                    for x in xs[k:k + 16]:
+                        inp = aioclient.InferInput("x", [1, 16], "FP32")
+                        inp.set_data_from_numpy(x, binary_data=True)
+                        reqs.append(c.infer("mlp", [inp]))
+                    outs += [r.as_numpy("y") for r in await asyncio.gather(*reqs)]
+                return outs
+            finally:
+                await c.close()
+
+        outs = asyncio.run(run())
+        for x, y in zip(xs, outs, strict=True):
+            np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-5)
+        c = httpclient.InferenceServerClient(url)
+        st = c.get_inference_statistics("mlp")["model_stats"][0]
+        inf = st["inference_stats"]
+        assert inf["success"]["count"] == 64
+        assert inf["fail"]["count"] == 0
+        assert st["inference_count"] == 64
+        assert st["execution_count"] < 64  # concurrent requests were batched
+        assert sum(b["compute_infer"]["count"] * b["batch_size"] for b in st["batch_stats"]) == 64
+        text = httpx.get(f"http://{url}/metrics").text
+
+        def metric(name: str, extra: str = "") -> float:
+            m = re.search(rf'^{name}\{{model="mlp",{extra}version="1"\}} (\S+)$', text, re.M)
+            assert m is not None, name
+            return float(m.group(1))
+
+        assert metric("nv_inference_request_success") == 64
+        assert metric("nv_inference_count") == 64
+        assert metric("nv_inference_exec_count") == st["execution_count"]
+        assert metric("servelab_request_duration_seconds_count") == 64
+        c.close()
+
+
+def test_full_queue_and_timeouts_are_triton_503s(tmp_path):
+    # One instance, max_batch_size 1, a queue of 1: a burst overflows it.
+    with gateway(tmp_path, "--max-batch-size", "1", "--max-queue-size", "1",
+                 "--max-queue-delay-us", "0", model=BIG) as (_, url):
+        async def burst() -> list[object]:
+            c = aioclient.InferenceServerClient(url)
+            try:
+                x = np.zeros((1, 512), np.float32)
+                reqs = []
+                for _ in range(40):
+                    inp = aioclient.InferInput("x", [1, 512], "FP32")
+                    inp.set_data_from_numpy(x, binary_data=True)
+                    reqs.append(c.infer("mlp", [inp]))
+                return await asyncio.gather(*reqs, return_exceptions=True)
+            finally:
+                await c.close()
+
+        results = asyncio.run(burst())
+        errors = [r for r in results if isinstance(r, Exception)]
+        assert errors, "a queue of 1 should overflow under a burst of 40"
+        assert all("Exceeds maximum queue size" in str(e) for e in errors), errors[:3]
+        c = httpclient.InferenceServerClient(url)
+        st = c.get_inference_statistics("mlp")["model_stats"][0]["inference_stats"]
+        assert st["success"]["count"] + st["fail"]["count"] == 40
+        assert st["fail"]["count"] == len(errors)
+        text = httpx.get(f"http://{url}/metrics").text
+        assert re.search(r'nv_inference_request_failure\{model="mlp",reason="REJECTED",'
+                         rf'version="1"\}} {len(errors)}\.0', text), text[:2000]
+        c.close()
+    # A timeout shorter than the batch window: a lone request times out.
+    with gateway(tmp_path, "--max-queue-delay-us", "20000", "--timeout-us", "2000") as (
+            _, url):
+        c = httpclient.InferenceServerClient(url)
+        with pytest.raises(InferenceServerException, match="Request timeout expired"):
+            inputs, outputs = request(np.zeros((1, 16), np.float32), True)
+            c.infer("mlp", inputs, outputs=outputs)
+        c.close()
+
+
+def test_sigterm_under_load_loses_no_accepted_request(tmp_path):
+    with gateway(tmp_path, "--max-batch-size", "8", "--max-queue-delay-us", "1000",
+                 model=BIG) as (proc, url):
+        async def load() -> list[object]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 512],
+                                    "data": [0.5] * 512}]}
+
+                async def one(i: int) -> object:
+                    await asyncio.sleep(i * 0.002)
+                    try:
+                        return await client.post(f"http://{url}/v2/models/mlp/infer",
+                                                 json=body)
+                    except httpx.HTTPError as exc:
+                        return exc
+
+                async def stop() -> None:
+                    await asyncio.sleep(0.15)
+                    proc.send_signal(signal.SIGTERM)
+
+                results = await asyncio.gather(*(one(i) for i in range(150)), stop())
+                return list(results[:-1])
+
+        results = asyncio.run(load())
+        answered = [r for r in results if isinstance(r, httpx.Response)]
+        refused = [r for r in results if not isinstance(r, httpx.Response)]
+        assert answered, "some requests were accepted before SIGTERM"
+        assert all(r.status_code == 200 for r in answered), [
+            (r.status_code, r.text[:100]) for r in answered if r.status_code != 200][:3]
+        assert all(isinstance(r, httpx.TransportError) for r in refused)
+        # uvicorn re-raises the signal once it has drained, so the exit says "terminated".
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
