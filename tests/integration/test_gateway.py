@@ -176,8 +176,8 @@ def test_full_queue_and_timeouts_are_triton_503s(tmp_path):
     with gateway(tmp_path, "--max-queue-delay-us", "20000", "--timeout-us", "2000") as (
             _, url):
         c = httpclient.InferenceServerClient(url)
+        inputs, outputs = request(np.zeros((1, 16), np.float32), True)
         with pytest.raises(InferenceServerException, match="Request timeout expired"):
-            inputs, outputs = request(np.zeros((1, 16), np.float32), True)
             c.infer("mlp", inputs, outputs=outputs)
         c.close()
 
