@@ -29,12 +29,14 @@ BIG = {"inputs": 512, "hidden": 4096, "outputs": 8}  # a few ms a batch on this 
 
 
 @contextlib.contextmanager
-def gateway(tmp_path: Path, *args: str, model: dict[str, int] | None = None
+def gateway(tmp_path: Path, *args: str, model: dict[str, int] | None = None,
+            models: tuple[str, ...] | None = None
             ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    path = write_mlp(tmp_path / "m.onnx", **(model or {}))
+    if models is None:
+        models = ("--model", f"mlp={write_mlp(tmp_path / 'm.onnx', **(model or {}))}")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--model",
-                             f"mlp={path}", "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", *models,
+                             "--port", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"127.0.0.1:{port}"
     try:
@@ -214,3 +216,26 @@ def test_sigterm_under_load_loses_no_accepted_request(tmp_path):
         assert all(isinstance(r, httpx.TransportError) for r in refused)
         # uvicorn re-raises the signal once it has drained, so the exit says "terminated".
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def test_a_triton_model_repository_is_served_with_its_config(tmp_path):
+    d = tmp_path / "repo" / "fraud"
+    (d / "1").mkdir(parents=True)
+    write_mlp(d / "1" / "model.onnx")
+    (d / "config.pbtxt").write_text(
+        'name: "fraud" max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 2 ] '
+        'max_queue_delay_microseconds: 700 default_queue_policy { max_queue_size: 9 } } '
+        'instance_group [ { count: 2 kind: KIND_CPU } ]')
+    with gateway(tmp_path, models=("--model-repository", str(tmp_path / "repo"))) as (_, url):
+        c = httpclient.InferenceServerClient(url)
+        cfg = c.get_model_config("fraud")
+        assert cfg["max_batch_size"] == 4
+        assert cfg["dynamic_batching"]["preferred_batch_size"] == [2]
+        assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 700
+        assert cfg["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 9
+        assert cfg["instance_group"][0]["count"] == 2
+        x = np.ones((1, 16), np.float32)
+        inputs, outputs = request(x, True)
+        np.testing.assert_allclose(c.infer("fraud", inputs, outputs=outputs).as_numpy("y"),
+                                   mlp_reference(x), rtol=1e-5, atol=1e-5)
+        c.close()

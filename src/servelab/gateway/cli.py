@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from servelab.errors import ConfigError, InputError, cut
+from servelab.scenario import BatchingPolicy
 
 stderr = Console(stderr=True)
 
@@ -20,6 +21,9 @@ stderr = Console(stderr=True)
 def serve(
     model: Annotated[list[str] | None, typer.Option(
         "--model", "-m", help="NAME=PATH.onnx (repeat for several models).")] = None,
+    model_repository: Annotated[Path | None, typer.Option(
+        help="A Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/1/"
+             "model.onnx (each model's batching from its config.pbtxt).")] = None,
     demo: Annotated[bool, typer.Option(help="Serve a small built-in MLP as 'demo'.")] = False,
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s", help="Take [batching] from this scenario TOML (or 'seed').")
@@ -47,6 +51,7 @@ def serve(
     from servelab.api import load
     from servelab.gateway.app import Metrics, ServedModel, create_gateway
     from servelab.gateway.demo import write_mlp
+    from servelab.gateway.repository import load_repository
     from servelab.gateway.runner import OnnxModel
     from servelab.lab.server import LOOPBACK_HOSTS
 
@@ -59,7 +64,7 @@ def serve(
         "batching.instances_per_gpu": instances,
     }
     policy = load(scenario, given).batching
-    specs = []
+    specs: list[tuple[str, str, BatchingPolicy]] = []
     for spec in model or []:
         name, sep, path = spec.partition("=")
         if not sep or not name.strip() or not path.strip():
@@ -68,17 +73,20 @@ def serve(
         if not Path(path).is_file():
             raise InputError(f"--model = {cut(spec)!r}: no such file {cut(path)!r}; "
                              "fix: check the path")
-        specs.append((name.strip(), path.strip()))
+        specs.append((name.strip(), path.strip(), policy))
+    if model_repository is not None:
+        specs += [(m.name, str(m.path), m.policy) for m in load_repository(model_repository)]
     if demo:
         tmp = Path(tempfile.mkdtemp(prefix="servelab-demo-"))
-        specs.append(("demo", str(write_mlp(tmp / "demo.onnx"))))
+        specs.append(("demo", str(write_mlp(tmp / "demo.onnx")), policy))
     if not specs:
-        raise InputError("--model: none given; fix: --model NAME=PATH.onnx, or --demo")
-    if len({n for n, _ in specs}) != len(specs):
+        raise InputError("--model: none given; fix: --model NAME=PATH.onnx, "
+                         "--model-repository DIR, or --demo")
+    if len({n for n, _, _ in specs}) != len(specs):
         raise InputError("--model: a name is given twice; fix: one NAME per model")
     metrics = Metrics()
-    served = [ServedModel(OnnxModel(path, name), policy, policy.instances_per_gpu, metrics)
-              for name, path in specs]
+    served = [ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics)
+              for name, path, pol in specs]
     hosts = [*LOOPBACK_HOSTS, *(h.strip().lower() for h in allow_host or [] if h.strip())]
     if host not in ("0.0.0.0", "::"):
         hosts.append(host.lower())
@@ -92,11 +100,11 @@ def serve(
         raise ConfigError(f"--port = {port}: cannot listen on {cut(host, 60)}:{port} "
                           f"({reason}); fix: choose another port, e.g. --port {port + 1}"
                           ) from exc
-    stderr.print(f"servelab serve on http://{host}:{port} (models: "
-                 f"{', '.join(n for n, _ in specs)}; batching: max_batch_size "
-                 f"{policy.max_batch_size}, max_queue_delay {policy.max_queue_delay_microseconds}"
-                 f" us, {policy.instances_per_gpu} instance(s)); Ctrl+C to stop",
-                 highlight=False)
+    for name, _, pol in specs:
+        stderr.print(f"  {name}: max_batch_size {pol.max_batch_size}, max_queue_delay "
+                     f"{pol.max_queue_delay_microseconds} us, {pol.instances_per_gpu} "
+                     "instance(s)", highlight=False)
+    stderr.print(f"servelab serve on http://{host}:{port} (Ctrl+C to stop)", highlight=False)
     # SIGTERM / Ctrl+C: stop accepting, answer what was accepted (up to 30 s), then exit.
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
     sys.stderr.flush()

@@ -1,0 +1,72 @@
+"""A Triton model repository as Triton lays it out, its config.pbtxt read through
+Triton's own ModelConfig message, and bad configs as one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab.errors import InputError
+from servelab.gateway.demo import write_mlp
+from servelab.gateway.repository import load_repository
+
+CONFIG = """
+name: "fraud"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 1500
+  default_queue_policy { max_queue_size: 64 default_timeout_microseconds: 20000 }
+}
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+
+def repo(tmp_path, config=CONFIG, version="3"):  # type: ignore[no-untyped-def]
+    d = tmp_path / "fraud"
+    (d / version).mkdir(parents=True)
+    (d / "1").mkdir(exist_ok=True)
+    write_mlp(d / version / "model.onnx")
+    (d / "config.pbtxt").write_text(config)
+    return tmp_path
+
+
+def test_config_pbtxt_gives_the_policy_and_the_highest_version(tmp_path):
+    [m] = load_repository(repo(tmp_path))
+    assert m.name == "fraud"
+    assert m.path == tmp_path / "fraud" / "3" / "model.onnx"
+    p = m.policy
+    assert (p.max_batch_size, p.preferred_batch_size, p.max_queue_delay_microseconds) == (
+        16, (4, 8), 1500)
+    assert (p.max_queue_size, p.default_timeout_microseconds, m.instances) == (64, 20000, 2)
+
+
+@pytest.mark.parametrize(("config", "needle"), [
+    ("max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: -1 }",
+     "not a valid Triton model config"),
+    ("max_batch_size: 8 nonsense_field: 3", "not a valid Triton model config"),
+    ("max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 16 ] }",
+     "preferred_batch_size"),
+    ("max_batch_size: 8 instance_group [ { count: 500 } ]", "instances_per_gpu"),
+])
+def test_bad_configs_are_one_line(tmp_path, config, needle):
+    with pytest.raises(InputError, match=needle) as e:
+        load_repository(repo(tmp_path, config))
+    assert "\n" not in str(e.value)
+
+
+def test_missing_pieces_are_named(tmp_path):
+    with pytest.raises(InputError, match="not a folder"):
+        load_repository(tmp_path / "nope")
+    with pytest.raises(InputError, match="no model with a config.pbtxt"):
+        load_repository(tmp_path)
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.pbtxt").write_text("max_batch_size: 4")
+    with pytest.raises(InputError, match="no version folder"):
+        load_repository(tmp_path)
+    (d / "1").mkdir()
+    with pytest.raises(InputError, match=r"no .*model.onnx"):
+        load_repository(tmp_path)
