@@ -60,7 +60,7 @@ def test_bad_configs_are_one_line(tmp_path, config, needle):
 def test_missing_pieces_are_named(tmp_path):
     with pytest.raises(InputError, match="not a folder"):
         load_repository(tmp_path / "nope")
-    with pytest.raises(InputError, match="no model with a config.pbtxt"):
+    with pytest.raises(InputError, match=r"no model with a config\.pbtxt"):
         load_repository(tmp_path)
     d = tmp_path / "m"
     d.mkdir()
