@@ -378,3 +378,68 @@ def bench(
     if scenario_out is not None:
         stdout.print(f"wrote {scenario_out}: try `servelab plan --scenario {scenario_out}`",
                      highlight=False, markup=False)
+
+
+@app.command("train")
+def train_cmd(
+    out: Annotated[Path, typer.Option(help="Where to write the model (.onnx).")],
+    repo: RepoOpt = Path("."),
+    service: Annotated[str, typer.Option(help="Feature service the model reads.")
+                       ] = "fraud_model_v1",
+    labels: Annotated[Path | None, typer.Option(
+        help="Label rows (Parquet/CSV): join keys, event_timestamp, the label; default: "
+             "the repo's data/labels.parquet.")] = None,
+    label: Annotated[str, typer.Option(help="The 0/1 label column.")] = "is_fraud",
+    engine: Annotated[str | None, typer.Option(help="duckdb or spark (default: repo's).")
+                      ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a logistic-regression classifier on point-in-time features; export ONNX."""
+    from servelab.features.definitions import load_repo
+    from servelab.features.train import train
+
+    check_writable_target(out, "--out")
+    r = load_repo(repo)
+    report = train(r, service, labels or (Path(r.config.root) / "data" / "labels.parquet"),
+                   label, out,
+                   engine=engine)
+    if as_json:
+        _emit(report.to_dict())
+        return
+    stdout.print(f"trained on {report.rows:,} rows ({report.positives:,} positive) over "
+                 f"{', '.join(report.features)}; training AUC {report.train_auc:.3f}; "
+                 f"wrote {report.out}", highlight=False)
+
+
+@app.command("skew")
+def skew_cmd(
+    log: Annotated[Path, typer.Option(help="The gateway's served-feature log folder.")],
+    repo: RepoOpt = Path("."),
+    service: Annotated[str | None, typer.Option(help="Feature service (default: the one "
+                                                     "the log's columns match).")] = None,
+    engine: Annotated[str | None, typer.Option(help="duckdb or spark (default: repo's).")
+                      ] = None,
+    fail_on_mismatch: Annotated[bool, typer.Option(help="Exit 1 if any value differs.")
+                                ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Training/serving skew: served values against offline point-in-time values."""
+    from servelab.features.definitions import load_repo
+    from servelab.features.skew import skew
+
+    report = skew(load_repo(repo), log, service, engine=engine)
+    if as_json:
+        _emit(report.to_dict())
+    else:
+        t = Table(title=f"skew of {report.service}: {report.rows:,} served rows, "
+                  f"{'no skew' if report.ok else 'SKEW'}", title_justify="left")
+        t.add_column("feature")
+        t.add_column("mismatches", justify="right")
+        t.add_column("share", justify="right")
+        for f, n in report.mismatches.items():
+            t.add_row(f, f"{n:,}", f"{n / report.rows:.2%}" if report.rows else "-")
+        stdout.print(t)
+        for ex in report.examples:
+            stdout.print(f"  {ex}", highlight=False, markup=False)
+    if fail_on_mismatch and not report.ok:
+        raise typer.Exit(1)

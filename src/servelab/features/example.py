@@ -68,8 +68,14 @@ CATEGORIES = ["grocery", "travel", "electronics", "fuel", "restaurants", "gaming
 
 
 def generate(root: Path, *, users: int = 1000, merchants: int = 200, days: int = 30,
-             labels: int = 5000, seed: int = 0, name: str = "fraud_example") -> dict[str, int]:
-    """Write feature_repo.toml and data/*.parquet under root; returns row counts."""
+             labels: int = 5000, seed: int = 0, name: str = "fraud_example",
+             start: np.datetime64 = START) -> dict[str, int]:
+    """Write feature_repo.toml and data/*.parquet under root; returns row counts.
+
+    ``start`` is the first day of data (the demo puts it a month before today, so
+    the online store still serves it within the views' TTL).
+    """
+    start = start.astype("datetime64[us]")
     if (root / "feature_repo.toml").exists():
         raise invalid("features init", str(root), "a directory without a feature repo",
                       "choose a new directory, or delete its feature_repo.toml")
@@ -83,10 +89,11 @@ def generate(root: Path, *, users: int = 1000, merchants: int = 200, days: int =
     # about 5% of snapshots are recomputed (same event time, later created time).
     u = np.repeat(np.arange(1, users + 1), days)
     d = np.tile(np.arange(days), users)
-    activity = rng.gamma(2.0, 1.5, users)[u - 1]
+    user_activity = rng.gamma(2.0, 1.5, users)
+    activity = user_activity[u - 1]
     count_1d = rng.poisson(activity)
     count_7d = rng.poisson(activity * 7)
-    event = START + d * DAY_US
+    event = start + d * DAY_US
     created = event + rng.integers(60, 3_600, u.size) * 1_000_000
     recomputed = rng.random(u.size) < 0.05
     cols = {
@@ -104,7 +111,7 @@ def generate(root: Path, *, users: int = 1000, merchants: int = 200, days: int =
     cols["failed_logins_1d"] = rng.poisson(0.2, n)
     signup_days = rng.integers(10, 2_000, users)
     cols["days_since_signup"] = signup_days[cols["user_id"] - 1] + (
-        (cols["event_ts"] - START) // DAY_US).astype(np.int64)
+        (cols["event_ts"] - start) // DAY_US).astype(np.int64)
     cols["country"] = np.array(COUNTRIES)[rng.integers(0, len(COUNTRIES), users)][
         cols["user_id"] - 1]
     cols["chargebacks_90d"] = rng.poisson(0.05, n)
@@ -117,7 +124,7 @@ def generate(root: Path, *, users: int = 1000, merchants: int = 200, days: int =
     base_risk = rng.beta(2, 20, merchants)
     merchant = pa.table({
         "merchant_id": pa.array(m),
-        "event_ts": pa.array(START + t),
+        "event_ts": pa.array(start + t),
         "risk_score": pa.array(np.round(np.clip(base_risk[m - 1] + rng.normal(0, 0.02, m.size),
                                                 0, 1), 4)),
         "chargeback_rate_30d": pa.array(np.round(base_risk[m - 1] / 5, 5)),
@@ -125,13 +132,17 @@ def generate(root: Path, *, users: int = 1000, merchants: int = 200, days: int =
                                                                merchants)][m - 1]),
     })
     pq.write_table(merchant, data / "merchant_risk.parquet")
-    # labels: transactions to train on, at random times, about 2% fraud.
-    lt = START + rng.integers(0, days * DAY_US, labels)
+    # labels: transactions to train on, at random times, a few percent fraud, more likely
+    # at risky merchants and for very active users (so a model has something to learn).
+    lt = start + rng.integers(0, days * DAY_US, labels)
+    lu = rng.integers(1, users + 1, labels)
+    lm = rng.integers(1, merchants + 1, labels)
+    logit = -5.0 + 12.0 * base_risk[lm - 1] + 0.3 * user_activity[lu - 1]
     label_table = pa.table({
-        "user_id": pa.array(rng.integers(1, users + 1, labels)),
-        "merchant_id": pa.array(rng.integers(1, merchants + 1, labels)),
+        "user_id": pa.array(lu),
+        "merchant_id": pa.array(lm),
         "event_timestamp": pa.array(lt).cast(pa.timestamp("us", tz="UTC")),
-        "is_fraud": pa.array(rng.random(labels) < 0.02),
+        "is_fraud": pa.array(rng.random(labels) < 1.0 / (1.0 + np.exp(-logit))),
     })
     pq.write_table(label_table, data / "labels.parquet")
     (root / "feature_repo.toml").write_text(REPO_TOML.format(name=name))

@@ -20,6 +20,8 @@ from fastapi.responses import Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
+    Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -28,8 +30,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from servelab.errors import InputError, ServelabError, cut
+from servelab.errors import InputError, ServelabError, StoreError, cut
 from servelab.gateway.batcher import AsyncBatcher
+from servelab.gateway.join import FeatureJoin
+from servelab.gateway.log import ServedLog
 from servelab.gateway.protocol import build_response, parse_request
 from servelab.gateway.runner import OnnxModel, Timing
 from servelab.lab.server import LOOPBACK_HOSTS, GuardMiddleware, _error, _json
@@ -38,7 +42,8 @@ from servelab.scenario import BatchingPolicy
 disable_created_metrics()  # type: ignore[no-untyped-call]  # Triton has no *_created
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # Fine enough to read a p99 between 0.1 ms and 10 s.
-LATENCY_BUCKETS_S = (*(b * 10.0**e for e in range(-4, 1) for b in (1, 1.5, 2, 3, 5, 7)), 10.0)
+LATENCY_BUCKETS_S = (*(round(b * 10.0**e, 9) for e in range(-4, 1)
+                       for b in (1, 1.5, 2, 3, 5, 7)), 10.0)
 
 
 @dataclass
@@ -137,27 +142,85 @@ class Metrics:
         self.batch_size = Histogram("servelab_batch_size", "Requests per executed batch",
                                     labels, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                                     registry=r)
+        self.fetch_s = Histogram("servelab_feature_fetch_seconds",
+                                 "Online feature read per batch (s)", labels,
+                                 buckets=LATENCY_BUCKETS_S, registry=r)
+        self.missing = Counter("servelab_feature_missing", "Feature values not present in "
+                               "the online store (missing or expired)",
+                               [*labels, "feature", "status"], registry=r)
+        self.log_dropped = Gauge("servelab_served_log_dropped",
+                                 "Served rows dropped because the log writer fell behind",
+                                 labels, registry=r)
+        self.log_written = Gauge("servelab_served_log_rows",
+                                 "Served rows written to the log", labels, registry=r)
 
     def inc(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
         self.triton.inc(name, labels, amount)
 
 
 class ServedModel:
-    """One model: its runner, batching policy, batcher, statistics."""
+    """One model: its runner, batching policy, batcher, statistics; with a feature join,
+    requests carry entity keys and the model's input is built from the online store."""
 
     def __init__(self, model: OnnxModel, policy: BatchingPolicy, instances: int,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, join: FeatureJoin | None = None,
+                 log: ServedLog | None = None) -> None:
         self.model = model
         self.policy = policy
         self.instances = instances
+        self.join = join
+        self.log = log
+        if join is not None and (len(model.inputs) != 1
+                                 or model.inputs[0].shape[1:] != (len(join.pairs),)):
+            raise InputError(
+                f"model {model.name!r}: inputs {[list(t.shape) for t in model.inputs]}; "
+                f"expected one input of shape [-1, {len(join.pairs)}] for feature service "
+                f"{join.service!r}; fix: export the model over the service's features")
+        self.inputs = join.inputs if join is not None else model.inputs
         self.stats = ModelStats()
         self.metrics = metrics
         self.labels = {"model": model.name, "version": "1"}
         self.lock = threading.Lock()
         self.batcher = AsyncBatcher(policy, instances, self._execute)
 
-    def _execute(self, requests: list[dict[str, np.ndarray]]) -> list[tuple[Any, Timing]]:
+    def _execute(self, requests: list[dict[str, np.ndarray]]) -> list[Any]:
+        if self.join is not None:
+            return self._execute_joined(requests)
         outs, timing = self.model.run(requests)
+        self._record(requests, timing)
+        return [(o, timing) for o in outs]
+
+    def _execute_joined(self, requests: list[dict[str, np.ndarray]]) -> list[Any]:
+        assert self.join is not None
+        jr = self.join.join(requests)
+        lab = self.labels
+        self.metrics.fetch_s.labels(**lab).observe(jr.fetch_s)
+        for (feat, status), k in jr.missing.items():
+            self.metrics.missing.labels(**lab, feature=feat, status=status).inc(k)
+        results: list[Any] = [jr.errors.get(i) for i in range(len(requests))]
+        if not jr.kept:
+            return results
+        kept = [requests[i] for i in jr.kept]
+        outs, timing = self.model.run([{self.model.inputs[0].name: jr.features}])
+        self._record(kept, timing)
+        at = 0
+        now_us = time.time_ns() // 1000
+        for i, served in zip(jr.kept, jr.values, strict=True):
+            rows = next(iter(requests[i].values())).shape[0]
+            part = {k: v[at:at + rows] for k, v in outs[0].items()}
+            at += rows
+            results[i] = (part, timing)
+            if self.log is not None:
+                keys = {k: np.asarray(requests[i][k]).reshape(-1).tolist()
+                        for k in self.join.join_keys}
+                pred = {k: v.reshape(v.shape[0], -1).tolist() for k, v in part.items()}
+                for r in range(rows):
+                    self.log.append({"request_time": now_us, "model": self.model.name,
+                                     **{k: keys[k][r] for k in keys}, **served,
+                                     **{f"pred_{k}": v[r] for k, v in pred.items()}})
+        return results
+
+    def _record(self, requests: list[dict[str, np.ndarray]], timing: Timing) -> None:
         n = len(requests)
         with self.lock:  # worker threads record the batch as Triton's batch_stats does
             s = self.stats
@@ -177,7 +240,6 @@ class ServedModel:
         m.inc("nv_inference_compute_infer_duration_us", lab, timing.infer_ns * n / 1e3)
         m.inc("nv_inference_compute_output_duration_us", lab, timing.output_ns * n / 1e3)
         m.batch_size.labels(**lab).observe(n)
-        return [(o, timing) for o in outs]
 
     def config_json(self) -> dict[str, Any]:
         """The model's configuration in Triton's JSON form (GET .../config)."""
@@ -194,7 +256,7 @@ class ServedModel:
         return {
             "name": self.model.name, "platform": "onnxruntime_onnx",
             "backend": "onnxruntime", "max_batch_size": p.max_batch_size,
-            "input": tensors(self.model.inputs), "output": tensors(self.model.outputs),
+            "input": tensors(self.inputs), "output": tensors(self.model.outputs),
             "dynamic_batching": {
                 "preferred_batch_size": list(p.preferred_batch_size),
                 "max_queue_delay_microseconds": p.max_queue_delay_microseconds,
@@ -262,10 +324,11 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                       "extensions": ["binary_tensor_data", "statistics", "model_repository"]})
 
     def metadata(name: str) -> Response:
-        m = served(name).model
+        sm = served(name)
+        m = sm.model
         return _json({"name": m.name, "versions": ["1"], "platform": "onnxruntime_onnx",
                       "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-                                 for t in m.inputs],
+                                 for t in sm.inputs],
                       "outputs": [{"name": t.name, "datatype": t.datatype,
                                    "shape": list(t.shape)} for t in m.outputs]})
 
@@ -307,6 +370,9 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         for m in by_name.values():
             metrics.triton.set("nv_inference_pending_request_count", m.labels,
                                m.batcher.in_flight)
+            if m.log is not None:
+                metrics.log_dropped.labels(**m.labels).set(m.log.dropped)
+                metrics.log_written.labels(**m.labels).set(m.log.written)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def infer(name: str, request: Request) -> Response:
@@ -316,7 +382,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         body = await request.body()
         try:
             req = parse_request(body, request.headers.get("inference-header-content-length"),
-                                name, sm.model.inputs, sm.policy.max_batch_size)
+                                name, sm.inputs, sm.policy.max_batch_size)
         except InputError:
             metrics.inc("nv_inference_request_failure", {**lab, "reason": "OTHER"})
             sm.stats.fail.add(time.monotonic_ns() - t0)
@@ -332,6 +398,14 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             metrics.inc("nv_inference_request_failure", {**lab, "reason": "REJECTED"})
             sm.stats.fail.add(time.monotonic_ns() - t0)
             return _error("Request timeout expired", 503)
+        except InputError as exc:  # e.g. a feature missing under --missing reject
+            metrics.inc("nv_inference_request_failure", {**lab, "reason": "OTHER"})
+            sm.stats.fail.add(time.monotonic_ns() - t0)
+            return _error(str(exc), 400)
+        except StoreError as exc:  # the online store is down: try again later
+            metrics.inc("nv_inference_request_failure", {**lab, "reason": "BACKEND"})
+            sm.stats.fail.add(time.monotonic_ns() - t0)
+            return _error(str(exc), 503)
         except Exception as exc:  # the model itself failed on this batch
             metrics.inc("nv_inference_request_failure", {**lab, "reason": "BACKEND"})
             sm.stats.fail.add(time.monotonic_ns() - t0)

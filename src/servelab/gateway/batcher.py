@@ -252,7 +252,11 @@ class AsyncBatcher:
                     p.future.set_exception(exc)
         else:
             for p, out in zip(payload.items, f.result(), strict=True):
-                if not p.future.done():
+                if p.future.done():
+                    continue
+                if isinstance(out, BaseException):  # this request failed, not the batch
+                    p.future.set_exception(out)
+                else:
                     p.future.set_result((out, p.started_ns - p.arrived_ns))
         if self.on_batch is not None:
             self.on_batch(len(payload.items), sum(started - p.arrived_ns for p in payload.items),

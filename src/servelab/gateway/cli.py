@@ -24,7 +24,25 @@ def serve(
     model_repository: Annotated[Path | None, typer.Option(
         help="A Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/1/"
              "model.onnx (each model's batching from its config.pbtxt).")] = None,
-    demo: Annotated[bool, typer.Option(help="Serve a small built-in MLP as 'demo'.")] = False,
+    demo: Annotated[bool, typer.Option(
+        help="Newcomer's demo: create the example fraud feature repo, materialize it, train "
+             "a model on point-in-time features and serve it as 'fraud' with features "
+             "joined online.")] = False,
+    demo_dir: Annotated[Path | None, typer.Option(
+        help="Where --demo builds its repo (default: a new temporary folder).")] = None,
+    feature_repo: Annotated[Path | None, typer.Option(
+        help="A servelab feature repo: requests carry entity keys, features are read "
+             "from its online store.")] = None,
+    feature_service: Annotated[str | None, typer.Option(
+        help="The feature service whose values make the model's input.")] = None,
+    store: Annotated[str | None, typer.Option(help="sqlite or redis (default: the repo's).")
+                     ] = None,
+    missing: Annotated[str, typer.Option(
+        help="A missing or expired feature: 'default' (0, counted) or 'reject' (400).")
+                       ] = "default",
+    log_dir: Annotated[Path | None, typer.Option(
+        help="Append every served row (keys, features, prediction) to Parquet files here.")
+                       ] = None,
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s", help="Take [batching] from this scenario TOML (or 'seed').")
                         ] = "seed",
@@ -49,8 +67,10 @@ def serve(
     import uvicorn
 
     from servelab.api import load
+    from servelab.features.definitions import load_repo
     from servelab.gateway.app import Metrics, ServedModel, create_gateway
-    from servelab.gateway.demo import write_mlp
+    from servelab.gateway.join import FeatureJoin, MissingPolicy
+    from servelab.gateway.log import ServedLog
     from servelab.gateway.repository import load_repository
     from servelab.gateway.runner import OnnxModel
     from servelab.lab.server import LOOPBACK_HOSTS
@@ -77,15 +97,27 @@ def serve(
     if model_repository is not None:
         specs += [(m.name, str(m.path), m.policy) for m in load_repository(model_repository)]
     if demo:
-        tmp = Path(tempfile.mkdtemp(prefix="servelab-demo-"))
-        specs.append(("demo", str(write_mlp(tmp / "demo.onnx")), policy))
+        feature_repo, feature_service, demo_model = build_demo(demo_dir)
+        specs.append(("fraud", str(demo_model), policy))
+        log_dir = log_dir or feature_repo / "served_log"
     if not specs:
         raise InputError("--model: none given; fix: --model NAME=PATH.onnx, "
                          "--model-repository DIR, or --demo")
     if len({n for n, _, _ in specs}) != len(specs):
         raise InputError("--model: a name is given twice; fix: one NAME per model")
+    if missing not in ("default", "reject"):
+        raise InputError(f"--missing = {cut(missing)!r}: expected default or reject")
+    join = None
+    if feature_repo is not None or feature_service is not None:
+        if feature_repo is None or feature_service is None:
+            raise InputError("--feature-repo/--feature-service: give both, to join a feature "
+                             "service's online values into the model's input")
+        join = FeatureJoin(load_repo(feature_repo), feature_service, store,
+                           MissingPolicy(missing))
+        join.store()  # reach the store now: a wrong URL fails here, not on the first request
     metrics = Metrics()
-    served = [ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics)
+    served = [ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
+                          join=join, log=(ServedLog(log_dir, name) if log_dir else None))
               for name, path, pol in specs]
     hosts = [*LOOPBACK_HOSTS, *(h.strip().lower() for h in allow_host or [] if h.strip())]
     if host not in ("0.0.0.0", "::"):
@@ -106,5 +138,48 @@ def serve(
                      "instance(s)", highlight=False)
     stderr.print(f"servelab serve on http://{host}:{port} (Ctrl+C to stop)", highlight=False)
     # SIGTERM / Ctrl+C: stop accepting, answer what was accepted (up to 30 s), then exit.
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
-    sys.stderr.flush()
+    if demo:
+        stderr.print(f"demo repo: {feature_repo}; try:\n  curl -s -X POST http://{host}:{port}"
+                     "/v2/models/fraud/infer -d '{\"inputs\": [{\"name\": \"user_id\", "
+                     "\"datatype\": \"INT64\", \"shape\": [1, 1], \"data\": [7]}, "
+                     "{\"name\": \"merchant_id\", \"datatype\": \"INT64\", \"shape\": "
+                     "[1, 1], \"data\": [3]}]}'", highlight=False, markup=False)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=30)
+    finally:
+        for sm in served:
+            if sm.log is not None:
+                sm.log.close()
+        if join is not None:
+            join.close()
+        sys.stderr.flush()
+
+
+def build_demo(directory: Path | None) -> tuple[Path, str, Path]:
+    """init -> apply -> materialize -> train: the example fraud repo with data up to today."""
+    import numpy as np
+
+    from servelab.features.definitions import load_repo
+    from servelab.features.example import generate
+    from servelab.features.materialize import materialize
+    from servelab.features.online import open_store
+    from servelab.features.train import train
+
+    root = directory or Path(tempfile.mkdtemp(prefix="servelab-demo-"))
+    days = 30
+    today = np.datetime64("today", "D").astype("datetime64[us]")
+    if not (root / "feature_repo.toml").exists():
+        stderr.print(f"demo: creating the example fraud repo in {root}", highlight=False)
+        generate(root, users=2000, merchants=200, days=days, labels=20_000,
+                 start=today - np.timedelta64(days, "D"))
+    repo = load_repo(root)
+    s = open_store(repo)
+    s.apply(list(repo.views.values()))
+    materialize(repo, s)
+    s.close()
+    model = root / "fraud_model_v1.onnx"
+    report = train(repo, "fraud_model_v1", root / "data" / "labels.parquet", "is_fraud", model)
+    stderr.print(f"demo: trained on {report.rows:,} labelled transactions, training AUC "
+                 f"{report.train_auc:.3f}", highlight=False)
+    return root, "fraud_model_v1", model
