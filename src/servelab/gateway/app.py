@@ -216,7 +216,7 @@ class ServedModel:
                 pred = {k: v.reshape(v.shape[0], -1).tolist() for k, v in part.items()}
                 for r in range(rows):
                     self.log.append({"request_time": now_us, "model": self.model.name,
-                                     **{k: keys[k][r] for k in keys}, **served,
+                                     **{k: keys[k][r] for k in keys}, **served[r],
                                      **{f"pred_{k}": v[r] for k, v in pred.items()}})
         return results
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -144,6 +145,11 @@ def serve(
                      "\"datatype\": \"INT64\", \"shape\": [1, 1], \"data\": [7]}, "
                      "{\"name\": \"merchant_id\", \"datatype\": \"INT64\", \"shape\": "
                      "[1, 1], \"data\": [3]}]}'", highlight=False, markup=False)
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was
+    # there before it: make that one leave through `finally`, so the served log is
+    # flushed and the stores closed.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning",
                     timeout_graceful_shutdown=30)
@@ -154,6 +160,10 @@ def serve(
         if join is not None:
             join.close()
         sys.stderr.flush()
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def build_demo(directory: Path | None) -> tuple[Path, str, Path]:

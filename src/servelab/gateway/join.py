@@ -36,7 +36,7 @@ class JoinResult:
     features: np.ndarray  # (rows of the requests kept, n_features), float32
     kept: list[int]  # which requests have rows in `features`
     errors: dict[int, InputError]
-    values: list[dict[str, Any]]  # per request kept: feature -> value as served
+    values: list[list[dict[str, Any]]]  # per request kept, per row: feature -> value served
     fetch_s: float
     missing: dict[tuple[str, str], int]  # (feature, status) -> count
 
@@ -125,18 +125,18 @@ class FeatureJoin:
         x = np.zeros((n, len(self.pairs)), np.float32)
         errors: dict[int, InputError] = {}
         missing: dict[tuple[str, str], int] = {}
-        served: list[dict[str, Any]] = [{} for _ in requests]
+        served: list[dict[str, Any]] = [{} for _ in rows]  # per row
         for col, (view, f) in enumerate(self.pairs):
             vals = got[view.name]
             for row, (req, key) in enumerate(rows):
                 v = vals[row]
                 if v.status is Status.PRESENT and v.values[f] is not None:
                     x[row, col] = float(v.values[f])
-                    served[req][f] = v.values[f]
+                    served[row][f] = v.values[f]
                     continue
                 status = v.status.value if v.status is not Status.PRESENT else "missing"
                 missing[(f, status)] = missing.get((f, status), 0) + 1
-                served[req][f] = None
+                served[row][f] = None
                 if self.missing is MissingPolicy.REJECT and req not in errors:
                     shown = ", ".join(f"{k}={key[self.join_keys.index(k)]}"
                                       for k in view.join_keys)
@@ -145,5 +145,8 @@ class FeatureJoin:
                                              "or serve with --missing default")
         keep_rows = [row for row, (req, _) in enumerate(rows) if req not in errors]
         kept = [i for i in range(len(requests)) if i not in errors]
-        return JoinResult(x[keep_rows], kept, errors, [served[i] for i in kept], fetch_s,
+        per_request: list[list[dict[str, Any]]] = [[] for _ in requests]
+        for row, (req, _) in enumerate(rows):
+            per_request[req].append(served[row])
+        return JoinResult(x[keep_rows], kept, errors, [per_request[i] for i in kept], fetch_s,
                           missing)
