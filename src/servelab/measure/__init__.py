@@ -1,0 +1,1 @@
+"""Measuring real servers: open-loop load generation (and, next, validate)."""

@@ -1,0 +1,141 @@
+"""An open-loop HTTP load generator for v2 servers: requests go at their *intended*
+send times (Poisson, constant, or a trace) whatever the server does, and latency is
+measured from the intended time, so a client that falls behind does not hide queueing
+(no coordinated omission). It says how far behind it fell, as perf_analyzer warns about
+delayed requests.
+
+Plain asyncio streams over keep-alive HTTP/1.1 connections: a request's bytes are built
+once, so one core sends a few thousand requests a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from servelab.errors import InputError
+
+MAX_REQUESTS = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """Per request: intended and actual send time, completion (ns from the start), status
+    (HTTP code, 0 for a transport error or a timeout)."""
+
+    intended_ns: np.ndarray
+    sent_ns: np.ndarray
+    done_ns: np.ndarray
+    status: np.ndarray
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def latency_ms(self) -> np.ndarray:
+        ok = self.status == 200
+        lat: np.ndarray = (self.done_ns[ok] - self.intended_ns[ok]) / 1e6
+        return lat
+
+    @property
+    def behind_ms(self) -> np.ndarray:
+        """How late each request left against its intended time."""
+        late: np.ndarray = (self.sent_ns - self.intended_ns) / 1e6
+        return late
+
+    def summary(self) -> dict[str, float | int]:
+        lat = self.latency_ms
+        span = (self.done_ns.max() - self.intended_ns.min()) / 1e9 if self.done_ns.size else 0
+        ok = int((self.status == 200).sum())
+        q = (np.percentile(lat, [50, 90, 95, 99]) if lat.size else [float("nan")] * 4)
+        return {
+            "requests": int(self.status.size), "ok": ok,
+            "errors": int(self.status.size - ok),
+            "achieved_per_s": ok / span if span > 0 else 0.0,
+            "mean_ms": float(lat.mean()) if lat.size else float("nan"),
+            "p50_ms": float(q[0]), "p90_ms": float(q[1]), "p95_ms": float(q[2]),
+            "p99_ms": float(q[3]),
+            "behind_p99_ms": float(np.percentile(self.behind_ms, 99)) if self.status.size
+            else 0.0,
+        }
+
+
+def poisson_offsets(rate: float, n: int, seed: int = 0) -> np.ndarray:
+    """Intended send times (s from the start) of a Poisson stream."""
+    if not (rate > 0 and 1 <= n <= MAX_REQUESTS):
+        raise InputError(f"load: rate {rate} and {n} requests: expected a rate > 0 and "
+                         f"1 to {MAX_REQUESTS:,} requests")
+    gaps: np.ndarray = np.random.default_rng(seed).exponential(1.0 / rate, n)
+    return np.cumsum(gaps)
+
+
+def http_request(host: str, port: int, path: str, body: bytes,
+                 headers: dict[str, str] | None = None) -> bytes:
+    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}",
+            f"Content-Length: {len(body)}", "Content-Type: application/json"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    length = 0
+    for line in lines[1:]:
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    if length:
+        await reader.readexactly(length)
+    return status
+
+
+async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: np.ndarray,
+                        *, max_connections: int = 256, timeout_s: float = 30.0
+                        ) -> LoadResult:
+    """Send requests[i % len(requests)] at offsets_s[i] seconds from now; wait for all."""
+    n = offsets_s.size
+    intended = np.rint(offsets_s * 1e9).astype(np.int64)
+    sent = np.zeros(n, np.int64)
+    done = np.zeros(n, np.int64)
+    status = np.zeros(n, np.int64)
+    errors: dict[str, int] = {}
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    open_conns = [0]
+    slots = asyncio.Semaphore(max_connections)
+    t0 = time.monotonic_ns()
+
+    async def one(i: int) -> None:
+        async with slots:
+            sent[i] = time.monotonic_ns() - t0
+            conn = idle.pop() if idle else None
+            try:
+                if conn is None:
+                    conn = await asyncio.open_connection(host, port)
+                    open_conns[0] += 1
+                reader, writer = conn
+                writer.write(requests[i % len(requests)])
+                code = await asyncio.wait_for(_read_response(reader), timeout_s)
+                status[i] = code
+                idle.append(conn)
+                if code != 200:
+                    errors[f"http {code}"] = errors.get(f"http {code}", 0) + 1
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
+                    IndexError) as exc:
+                kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+                errors[kind] = errors.get(kind, 0) + 1
+                if conn is not None:
+                    conn[1].close()
+            done[i] = time.monotonic_ns() - t0
+
+    tasks = []
+    for i in range(n):
+        delay = (intended[i] - (time.monotonic_ns() - t0)) / 1e9
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(i)))
+    await asyncio.gather(*tasks)
+    for _, w in idle:
+        w.close()
+    return LoadResult(intended, sent, done, status, errors)
