@@ -1,0 +1,172 @@
+"""servelab serve against a real Triton (through PyTriton) on the same model, side by side.
+
+Both serve the same ONNX model (the demo's fraud classifier on its four features,
+run by ONNX Runtime on CPU) with the same batching (max_batch_size 32,
+max_queue_delay 2,000 us, one instance), and take the same open-loop Poisson load
+from the same generator, rate by rate, one server at a time on this machine. The
+load's body is the features tensor itself (no online feature join, which Triton
+does not do). Prints achieved rate, mean batch and p50/p99 per rate, each server's
+saturation (the highest achieved rate), and the ratio.
+
+PyTriton (Triton 2.x bundled) needs its own virtual environment: the first run builds
+one in .bench-venv-pytriton (`pip install nvidia-pytriton onnxruntime`), unless
+--pytriton-python names a Python that has them.
+
+    python bench/bench_serve_vs_triton.py [--rates 500,1000,1500,2000,3000] [--seconds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.services import free_port
+
+from servelab.gateway.cli import build_demo
+from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTRITON_SERVER = r'''
+import sys, numpy as np, onnxruntime as ort
+from pytriton.decorators import batch
+from pytriton.model_config import ModelConfig, Tensor, DynamicBatcher
+from pytriton.triton import Triton, TritonConfig
+opts = ort.SessionOptions(); opts.intra_op_num_threads = 1; opts.inter_op_num_threads = 1
+sess = ort.InferenceSession(sys.argv[1], sess_options=opts, providers=["CPUExecutionProvider"])
+
+@batch
+def infer(features):
+    return {"probability": sess.run(None, {"features": features.astype(np.float32)})[0]}
+
+port = int(sys.argv[2])
+with Triton(config=TritonConfig(http_port=port, grpc_port=port + 1, metrics_port=port + 2)) as t:
+    t.bind("fraud", infer, inputs=[Tensor(name="features", dtype=np.float32, shape=(4,))],
+           outputs=[Tensor(name="probability", dtype=np.float32, shape=(1,))],
+           config=ModelConfig(max_batch_size=32,
+                              batcher=DynamicBatcher(max_queue_delay_microseconds=2000)))
+    t.serve()
+'''
+
+
+def pytriton_python(given: str | None) -> str:
+    if given:
+        return given
+    venv = ROOT / ".bench-venv-pytriton"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        print("building .bench-venv-pytriton (nvidia-pytriton, onnxruntime)...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "nvidia-pytriton",
+                        "onnxruntime"], check=True)
+    return str(py)
+
+
+@contextlib.contextmanager
+def started(cmd: list[str], port: int, env: dict[str, str] | None = None
+            ) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/v2/models/fraud/ready").status_code == 200:
+                    break
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
+            time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def stats(metrics_url: str) -> tuple[float, float]:
+    """Inferences and executions from the Prometheus metrics, by Triton's names (both
+    servers export them; PyTriton restricts Triton's statistics API to a token)."""
+    text = httpx.get(metrics_url).text
+    found = {}
+    for name in ("nv_inference_count", "nv_inference_exec_count"):
+        m = re.search(rf'^{name}\{{[^}}]*model="fraud"[^}}]*\}} (\S+)$', text, re.M)
+        found[name] = float(m.group(1)) if m else 0.0
+    return found["nv_inference_count"], found["nv_inference_exec_count"]
+
+
+def run(port: int, rates: list[float], seconds: float, metrics_url: str
+        ) -> list[dict[str, float]]:
+    rng = np.random.default_rng(3)
+    bodies = [http_request("127.0.0.1", port, "/v2/models/fraud/infer", json.dumps(
+        {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 4],
+                     "data": [float(v) for v in rng.uniform(0, 20, 4)]}]}).encode())
+        for _ in range(512)]
+    asyncio.run(run_open_loop("127.0.0.1", port, bodies, poisson_offsets(200, 400)))  # warm
+    rows = []
+    for rate in rates:
+        i0, e0 = stats(metrics_url)
+        res = asyncio.run(run_open_loop("127.0.0.1", port, bodies,
+                                        poisson_offsets(rate, int(rate * seconds), seed=7)))
+        i1, e1 = stats(metrics_url)
+        s = res.summary()
+        rows.append({"offered": rate, "achieved": s["achieved_per_s"], "errors": s["errors"],
+                     "batch": (i1 - i0) / max(e1 - e0, 1), "p50": s["p50_ms"],
+                     "p99": s["p99_ms"]})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rates", default="500,1000,1500,2000,3000")
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--pytriton-python", default=None)
+    args = ap.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="servelab-vs-triton-"))
+    _, _, model = build_demo(work / "repo")
+    py = pytriton_python(args.pytriton_python)
+    server = work / "pytriton_server.py"
+    server.write_text(PYTRITON_SERVER)
+    libdir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_config_var("
+                             "'LIBDIR'))"], capture_output=True, text=True, check=True
+                            ).stdout.strip() or sysconfig.get_config_var("LIBDIR")
+    results = {}
+    port = free_port()
+    with started([sys.executable, "-m", "servelab", "serve", "--model", f"fraud={model}",
+                  "--port", str(port)], port):
+        results["servelab"] = run(port, rates, args.seconds,
+                                  f"http://127.0.0.1:{port}/metrics")
+    port = free_port()
+    import os
+
+    env = {**os.environ, "LD_LIBRARY_PATH": libdir}
+    with started([py, str(server), str(model), str(port)], port, env):
+        results["triton"] = run(port, rates, args.seconds,
+                                f"http://127.0.0.1:{port + 2}/metrics")
+    print(f"{'server':<9} {'offered':>8} {'achieved':>9} {'err':>5} {'batch':>6} "
+          f"{'p50 ms':>8} {'p99 ms':>9}")
+    for name, rows in results.items():
+        for r in rows:
+            print(f"{name:<9} {r['offered']:>8.0f} {r['achieved']:>9.0f} {r['errors']:>5.0f} "
+                  f"{r['batch']:>6.2f} {r['p50']:>8.2f} {r['p99']:>9.2f}")
+    sat = {k: max(r["achieved"] for r in v) for k, v in results.items()}
+    print(f"\nsaturation (highest achieved rate): servelab {sat['servelab']:.0f}/s, "
+          f"Triton (PyTriton) {sat['triton']:.0f}/s, ratio {sat['servelab'] / sat['triton']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
