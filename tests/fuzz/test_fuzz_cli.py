@@ -128,11 +128,15 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
               "--non-torch-gib", "--cudagraph-gib"],
     ("kv", "paging"): [*KV, "--qps", "--iteration-ms", "--pool-tokens", "--max-len",
                        "--prefix-tokens", "--lengths", "--seed"],
+    ("load",): ["--qps", "--rates", "--duration", "--num-requests", "--connections",
+                "--model", "--url", "--seed"],
 }
 SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests", "3000"],
          ("sweep", "qps"): ["--num-requests", "2000"],
          ("sweep", "max_queue_delay_us"): ["--num-requests", "2000"],
-         ("kv",): [], ("kv", "paging"): ["--requests", "60"]}
+         ("kv",): [], ("kv", "paging"): ["--requests", "60"],
+         # port 9 on loopback: nothing listens, so a valid command line is refused at once
+         ("load",): ["--url", "http://127.0.0.1:9", "--model", "m"]}
 
 
 @st.composite

@@ -239,3 +239,36 @@ def test_a_triton_model_repository_is_served_with_its_config(tmp_path):
         np.testing.assert_allclose(c.infer("fraud", inputs, outputs=outputs).as_numpy("y"),
                                    mlp_reference(x), rtol=1e-5, atol=1e-5)
         c.close()
+
+
+def test_servelab_load_measures_the_gateway(tmp_path):
+    import csv
+    import json
+
+    with gateway(tmp_path, "--max-queue-delay-us", "1000") as (_, url):
+        out = subprocess.run(
+            [sys.executable, "-m", "servelab", "load", "--url", f"http://{url}", "--model",
+             "mlp", "--rates", "100,200", "--num-requests", "300", "--json", "--csv",
+             str(tmp_path / "pa.csv")], capture_output=True, text=True, timeout=120,
+            check=False)
+        assert out.returncode == 0, out.stderr
+        rows = json.loads(out.stdout)
+        assert [r["offered_per_s"] for r in rows] == [100.0, 200.0]
+        for r in rows:
+            assert r["requests"] == r["ok"] == 300
+            assert r["errors"] == 0
+            assert r["mean_batch"] >= 1.0
+            assert r["p50_ms"] <= r["p99_ms"]
+        c = httpclient.InferenceServerClient(url)
+        st = c.get_inference_statistics("mlp")["model_stats"][0]
+        assert st["inference_stats"]["success"]["count"] == 600
+        c.close()
+        with (tmp_path / "pa.csv").open() as fh:
+            table = list(csv.DictReader(fh))
+        assert [r["Request Rate"] for r in table] == ["100", "200"]
+        assert all(int(r["p99 latency"]) >= int(r["p50 latency"]) > 0 for r in table)
+        bad = subprocess.run([sys.executable, "-m", "servelab", "load", "--url",
+                              f"http://{url}", "--model", "nope", "--qps", "10"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert bad.returncode == 1
+        assert "the server answered 404" in bad.stderr

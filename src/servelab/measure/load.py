@@ -1,0 +1,162 @@
+"""`servelab load`: measure any Open Inference Protocol v2 server (servelab's gateway,
+Triton, KServe) under open-loop load, perf_analyzer style.
+
+Request bodies come from the model's own metadata (random tensors of its input
+shapes, batch 1) or from entity keys in a Parquet file; the server's statistics are
+read before and after each rate, so mean batch (inferences / executions), queue and
+compute time per request come from the server itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+from servelab.errors import InputError, StoreError, cut
+from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
+
+# perf_analyzer's CSV header (request-rate mode); latencies in microseconds.
+PA_COLUMNS = ("Request Rate", "Inferences/Second", "Client Send", "Network+Server Send/Recv",
+              "Server Queue", "Server Compute Input", "Server Compute Infer",
+              "Server Compute Output", "Client Recv", "p50 latency", "p90 latency",
+              "p95 latency", "p99 latency", "Avg latency")
+INT_TYPES = {"INT64": np.int64, "INT32": np.int32, "INT16": np.int16, "INT8": np.int8,
+             "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64}
+FLOAT_TYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    host: str
+    port: int
+    model: str
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def parse_url(url: str, model: str) -> Target:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise InputError(f"--url = {cut(url)!r}: expected http://HOST:PORT of a v2 server; "
+                         "fix: e.g. --url http://127.0.0.1:8000")
+    return Target(parts.hostname, parts.port or 80, model)
+
+
+def metadata(t: Target) -> dict[str, Any]:
+    try:
+        r = httpx.get(f"{t.base}/v2/models/{t.model}", timeout=10)
+    except httpx.HTTPError as exc:
+        raise StoreError(f"--url = {t.base}: cannot reach the server ({exc}); fix: start it, "
+                         "or check the address") from None
+    if r.status_code != 200:
+        raise InputError(f"--model = {t.model!r}: the server answered {r.status_code} "
+                         f"({cut(r.text, 150)}); fix: check the model name")
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def random_bodies(meta: dict[str, Any], n: int, seed: int = 0) -> list[bytes]:
+    """Request bodies with random values of each input's datatype and shape (batch 1)."""
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for _ in range(n):
+        inputs = []
+        for t in meta["inputs"]:
+            shape = [1, *[d if d > 0 else 1 for d in t["shape"][1:]]]
+            dt = t["datatype"]
+            if dt in FLOAT_TYPES:
+                data = rng.normal(size=shape).astype(FLOAT_TYPES[dt])
+            elif dt in INT_TYPES:
+                data = rng.integers(1, 100, size=shape).astype(INT_TYPES[dt])
+            elif dt == "BOOL":
+                data = rng.random(shape) < 0.5
+            else:
+                raise InputError(f"input {t['name']!r}: datatype {dt} is not generated; "
+                                 "fix: give --entities with the values to send")
+            inputs.append({"name": t["name"], "datatype": dt, "shape": shape,
+                           "data": data.reshape(-1).tolist()})
+        bodies.append(json.dumps({"inputs": inputs}).encode())
+    return bodies
+
+
+def entity_bodies(meta: dict[str, Any], path: str, n: int) -> list[bytes]:
+    """Bodies carrying entity keys drawn in order from a Parquet file's columns."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        raise InputError(f"--entities = {cut(path)!r}: not a readable Parquet file "
+                         f"({cut(str(exc), 120)})") from None
+    names = [t["name"] for t in meta["inputs"]]
+    missing = [c for c in names if c not in table.column_names]
+    if missing:
+        raise InputError(f"--entities = {cut(path)!r}: no column(s) {missing} for the model's "
+                         "inputs; fix: a file with one column per input")
+    cols = {c: table.column(c).to_pylist() for c in names}
+    rows = table.num_rows
+    if rows == 0:
+        raise InputError(f"--entities = {cut(path)!r}: no rows")
+    dtypes = {t["name"]: t["datatype"] for t in meta["inputs"]}
+    return [json.dumps({"inputs": [
+        {"name": c, "datatype": dtypes[c], "shape": [1, 1], "data": [cols[c][i % rows]]}
+        for c in names]}).encode() for i in range(min(n, rows))]
+
+
+def server_stats(t: Target) -> dict[str, float] | None:
+    """Cumulative counts and times from the server's v2 statistics (None if refused)."""
+    try:
+        r = httpx.get(f"{t.base}/v2/models/{t.model}/stats", timeout=10)
+        s = r.json()["model_stats"][0]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+        return None
+    inf = s["inference_stats"]
+    return {"inferences": s["inference_count"], "executions": s["execution_count"],
+            "success": inf["success"]["count"], "queue_ns": inf["queue"]["ns"],
+            "input_ns": inf["compute_input"]["ns"], "infer_ns": inf["compute_infer"]["ns"],
+            "output_ns": inf["compute_output"]["ns"]}
+
+
+def measure_rate(t: Target, bodies: list[bytes], rate: float, n: int, seed: int,
+                 max_connections: int) -> dict[str, Any]:
+    reqs = [http_request(t.host, t.port, f"/v2/models/{t.model}/infer", b) for b in bodies]
+    before = server_stats(t)
+    res = asyncio.run(run_open_loop(t.host, t.port, reqs, poisson_offsets(rate, n, seed),
+                                    max_connections=max_connections))
+    after = server_stats(t)
+    row: dict[str, Any] = {"offered_per_s": rate, **res.summary(), "errors_by_reason":
+                           dict(res.errors), "behind_requests": int(
+                               (res.behind_ms > 1.0).sum())}
+    if before is not None and after is not None:
+        d = {k: after[k] - before[k] for k in after}
+        ok = max(d["success"], 1)
+        row.update(mean_batch=d["inferences"] / max(d["executions"], 1),
+                   server_queue_ms=d["queue_ns"] / ok / 1e6,
+                   server_compute_ms=(d["input_ns"] + d["infer_ns"] + d["output_ns"]) / ok / 1e6,
+                   compute_input_ms=d["input_ns"] / ok / 1e6,
+                   compute_infer_ms=d["infer_ns"] / ok / 1e6,
+                   compute_output_ms=d["output_ns"] / ok / 1e6)
+    return row
+
+
+def perf_analyzer_row(r: dict[str, Any]) -> list[str]:
+    """One CSV row with perf_analyzer's columns (microseconds); unmeasured ones blank."""
+    def us(key: str) -> str:
+        v = r.get(key)
+        return "" if v is None or not np.isfinite(v) else f"{v * 1e3:.0f}"
+
+    net = ""
+    if "server_compute_ms" in r and np.isfinite(r["mean_ms"]):
+        net = f"{(r['mean_ms'] - r['server_queue_ms'] - r['server_compute_ms']) * 1e3:.0f}"
+    return [f"{r['offered_per_s']:g}", f"{r['achieved_per_s']:.1f}", "", net,
+            us("server_queue_ms"), us("compute_input_ms"), us("compute_infer_ms"),
+            us("compute_output_ms"), "", us("p50_ms"), us("p90_ms"), us("p95_ms"),
+            us("p99_ms"), us("mean_ms")]
