@@ -41,9 +41,18 @@ class Driver:
 
     def _start(self) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
-        return subprocess.Popen([sys.executable, str(ROOT / "tests/fuzz/driver.py")],
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests/fuzz/driver.py")],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 env=env, cwd=ROOT)
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout=300)  # the driver compiles the engines first
+        sel.close()
+        if not ready or json.loads(proc.stdout.readline() or "{}").get("ready") is not True:
+            proc.kill()
+            pytest.fail("the fuzz driver did not start (engine warm-up)")
+        return proc
 
     def run(self, argv: list[str]) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:
@@ -54,7 +63,7 @@ class Driver:
         self.proc.stdin.flush()
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout=CASE_SECONDS * 4)  # the first case compiles Numba
+        ready = sel.select(timeout=CASE_SECONDS * 4)
         sel.close()
         if not ready:
             self.close()
