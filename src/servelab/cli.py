@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
-from servelab.errors import ConfigError, InputError, ServelabError, StoreError, cut, invalid
+from servelab.errors import InputError, ServelabError, StoreError, cut, invalid
 from servelab.files import check_writable_target
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
@@ -321,31 +321,20 @@ def lab(
 ) -> None:
     """Start the interactive lab in your browser (no server to install)."""
     import os
-    import socket
     import threading
 
     import uvicorn
 
-    from servelab.lab.server import LOOPBACK_HOSTS, LabConfig, create_app
+    from servelab.http import allowed_hosts, check_can_listen
+    from servelab.lab.server import LabConfig, create_app
 
     if data_dir is not None and not data_dir.is_dir():
         raise InputError(f"--data-dir = {cut(str(data_dir))!r}: not a folder; "
                          "fix: give an existing folder, or leave it out")
-    hosts = [*LOOPBACK_HOSTS, *(h.strip().lower() for h in allow_host or [] if h.strip())]
-    if host not in ("0.0.0.0", "::"):  # a wildcard bind names no host to answer to
-        hosts.append(host.lower())
     lab_app = create_app(LabConfig(
         data_dir=str(data_dir.resolve()) if data_dir is not None else None,
-        allowed_hosts=tuple(dict.fromkeys(hosts))))
-    try:  # fail with one clear line before uvicorn starts (it logs and exits on its own)
-        with socket.create_server((host, port)):
-            pass
-    except (OSError, OverflowError) as exc:
-        reason = (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno
-                  else str(exc))
-        raise ConfigError(f"--port = {port}: cannot listen on {cut(host, 60)}:{port} "
-                          f"({reason}); fix: choose another port, e.g. --port {port + 1}, "
-                          "or another --host") from exc
+        allowed_hosts=allowed_hosts(host, allow_host)))
+    check_can_listen(host, port)
     url = f"http://{host}:{port}"
     stderr.print(f"servelab lab on [bold]{url}[/] (Ctrl+C to stop)", highlight=False)
     # Ctrl+C (or SIGTERM): uvicorn starts its graceful shutdown, and a watchdog ends the

@@ -83,6 +83,46 @@ def _sift_down(key: np.ndarray, val: np.ndarray, size: int) -> None:
         i = small
 
 
+@njit(cache=True, nogil=True)
+def heap_push(key: np.ndarray, val: np.ndarray, size: int, k: int, v: int) -> None:
+    """Add (k, v) to the binary min-heap of `size` entries (the caller counts it)."""
+    key[size] = k
+    val[size] = v
+    _sift_up(key, val, size)
+
+
+@njit(cache=True, nogil=True)
+def heap_pop(key: np.ndarray, val: np.ndarray, size: int) -> int:
+    """Remove the smallest (key, val) of a heap of `size` entries; returns its val."""
+    v: int = val[0]
+    key[0] = key[size - 1]
+    val[0] = val[size - 1]
+    _sift_down(key, val, size - 1)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def start_batch(t: int | np.int64, ids: np.ndarray, lo: int, size: int, nb: int, inst: int,
+                exec_ns: np.ndarray, multiplier: np.ndarray, status: np.ndarray,
+                start: np.ndarray, end: np.ndarray, batch_of: np.ndarray,
+                b_size: np.ndarray, b_start: np.ndarray, b_end: np.ndarray,
+                b_inst: np.ndarray) -> int:
+    """Record batch `nb` of ids[lo:lo + size] starting at t on `inst`; returns its end."""
+    dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * multiplier[nb])))
+    done = t + dur
+    for j in range(lo, lo + size):
+        r = ids[j]
+        status[r] = SERVED
+        start[r] = t
+        end[r] = done
+        batch_of[r] = nb
+    b_size[nb] = size
+    b_start[nb] = t
+    b_end[nb] = done
+    b_inst[nb] = inst
+    return int(done)
+
+
 @njit(cache=True, nogil=True)  # nogil: the lab runs simulations on threads
 def run_batcher(
     arrival_ns: np.ndarray,
@@ -151,14 +191,9 @@ def run_batcher(
             break
 
         while n_busy > 0 and busy_t[0] <= t:  # instances finishing now become idle
-            k = busy_i[0]
+            k = heap_pop(busy_t, busy_i, n_busy)
             n_busy -= 1
-            busy_t[0] = busy_t[n_busy]
-            busy_i[0] = busy_i[n_busy]
-            _sift_down(busy_t, busy_i, n_busy)
-            idle_k[n_idle] = k
-            idle_i[n_idle] = k
-            _sift_up(idle_k, idle_i, n_idle)
+            heap_push(idle_k, idle_i, n_idle, k, k)
             n_idle += 1
 
         while nxt < n and arrival_ns[nxt] <= t:
@@ -176,27 +211,12 @@ def run_batcher(
             )
             if size == 0:
                 break
-            inst = idle_i[0]  # the idle instance with the lowest index
+            inst = heap_pop(idle_k, idle_i, n_idle)  # the idle instance, lowest index
             n_idle -= 1
-            idle_k[0] = idle_k[n_idle]
-            idle_i[0] = idle_i[n_idle]
-            _sift_down(idle_k, idle_i, n_idle)
-            dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * multiplier[nb])))
-            done = t + dur
-            for j in range(head, head + size):
-                r = queue[j]
-                status[r] = SERVED
-                start[r] = t
-                end[r] = done
-                batch_of[r] = nb
+            done = start_batch(t, queue, head, size, nb, inst, exec_ns, multiplier, status,
+                               start, end, batch_of, b_size, b_start, b_end, b_inst)
             head += size
-            b_size[nb] = size
-            b_start[nb] = t
-            b_end[nb] = done
-            b_inst[nb] = inst
-            busy_t[n_busy] = done
-            busy_i[n_busy] = inst
-            _sift_up(busy_t, busy_i, n_busy)
+            heap_push(busy_t, busy_i, n_busy, done, inst)
             n_busy += 1
             nb += 1
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT, _sift_down, _sift_up
+from servelab.batching.engine import REJECTED, TIMED_OUT, heap_pop, heap_push, start_batch
 
 _NEVER = np.int64(1) << np.int64(62)
 IDLE_WAIT_NS = 500_000_000  # default_wait_microseconds = 500 * 1000
@@ -185,14 +185,9 @@ def run_batcher_triton(
 
         wake = False
         while n_busy > 0 and busy_t[0] <= t:  # completions: the callback wakes the thread
-            k_inst = busy_i[0]
+            k_inst = heap_pop(busy_t, busy_i, n_busy)
             n_busy -= 1
-            busy_t[0] = busy_t[n_busy]
-            busy_i[0] = busy_i[n_busy]
-            _sift_down(busy_t, busy_i, n_busy)
-            idle_k[n_idle] = k_inst
-            idle_i[n_idle] = k_inst
-            _sift_up(idle_k, idle_i, n_idle)
+            heap_push(idle_k, idle_i, n_idle, k_inst, k_inst)
             n_idle += 1
             wake = True
 
@@ -227,26 +222,11 @@ def run_batcher_triton(
                     cp_stale = True
                 rq_head = (rq_head + 1) % cap
                 rq_count -= 1
-                inst = idle_i[0]
+                inst = heap_pop(idle_k, idle_i, n_idle)
                 n_idle -= 1
-                idle_k[0] = idle_k[n_idle]
-                idle_i[0] = idle_i[n_idle]
-                _sift_down(idle_k, idle_i, n_idle)
-                dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * multiplier[nb])))
-                done = t + dur
-                for j in range(s0, s0 + size):
-                    r = members[j]
-                    status[r] = SERVED
-                    start[r] = t
-                    end[r] = done
-                    batch_of[r] = nb
-                b_size[nb] = size
-                b_start[nb] = t
-                b_end[nb] = done
-                b_inst[nb] = inst
-                busy_t[n_busy] = done
-                busy_i[n_busy] = inst
-                _sift_up(busy_t, busy_i, n_busy)
+                done = start_batch(t, members, s0, size, nb, inst, exec_ns, multiplier, status,
+                                   start, end, batch_of, b_size, b_start, b_end, b_inst)
+                heap_push(busy_t, busy_i, n_busy, done, inst)
                 n_busy += 1
                 nb += 1
             if not wake or (blocked and rq_count >= slots):

@@ -39,7 +39,7 @@ from servelab.gateway.join import FeatureJoin
 from servelab.gateway.log import ServedLog
 from servelab.gateway.protocol import build_response, parse_request
 from servelab.gateway.runner import OnnxModel, Timing
-from servelab.lab.server import LOOPBACK_HOSTS, GuardMiddleware, _error, _json
+from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
 from servelab.scenario import BatchingPolicy
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # Triton has no *_created
@@ -341,15 +341,15 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.exception_handler(ServelabError)
     async def user_error(_: Request, exc: ServelabError) -> Response:
-        return _error(str(exc), 400)
+        return error_response(str(exc), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return _error(str(exc.detail), exc.status_code)
+        return error_response(str(exc.detail), exc.status_code)
 
     @app.exception_handler(Exception)
     async def bug(_: Request, exc: Exception) -> Response:
-        return _error(f"internal error ({type(exc).__name__}: {cut(str(exc), 200)})", 500)
+        return error_response(f"internal error ({type(exc).__name__}: {cut(str(exc), 200)})", 500)
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -361,13 +361,13 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.get("/v2")
     async def server_metadata() -> Response:
-        return _json({"name": "servelab", "version": "0.1.0",
+        return json_response({"name": "servelab", "version": "0.1.0",
                       "extensions": ["binary_tensor_data", "statistics", "model_repository"]})
 
     def metadata(name: str) -> Response:
         sm = served(name)
         m = sm.model
-        return _json({"name": m.name, "versions": ["1"], "platform": "onnxruntime_onnx",
+        return json_response({"name": m.name, "versions": ["1"], "platform": "onnxruntime_onnx",
                       "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
                                  for t in sm.inputs],
                       "outputs": [{"name": t.name, "datatype": t.datatype,
@@ -388,23 +388,23 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.get("/v2/models/{name}/config")
     async def model_config(name: str) -> Response:
-        return _json(served(name).config_json())
+        return json_response(served(name).config_json())
 
     @app.get("/v2/models/stats")
     async def all_stats() -> Response:
-        return _json({"model_stats": [m.stats_json() for m in by_name.values()]})
+        return json_response({"model_stats": [m.stats_json() for m in by_name.values()]})
 
     @app.get("/v2/models/{name}/stats")
     async def model_stats(name: str) -> Response:
-        return _json({"model_stats": [served(name).stats_json()]})
+        return json_response({"model_stats": [served(name).stats_json()]})
 
     @app.get("/v2/models/{name}/versions/{version}/stats")
     async def model_version_stats(name: str, version: str) -> Response:
-        return _json({"model_stats": [served(name).stats_json()]})
+        return json_response({"model_stats": [served(name).stats_json()]})
 
     @app.post("/v2/repository/index")
     async def repository_index() -> Response:
-        return _json([{"name": n, "version": "1", "state": "READY"} for n in by_name])
+        return json_response([{"name": n, "version": "1", "state": "READY"} for n in by_name])
 
     @app.get("/metrics")
     async def prometheus() -> Response:

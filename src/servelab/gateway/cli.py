@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -13,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from servelab.errors import ConfigError, InputError, cut
+from servelab.errors import InputError, cut
 from servelab.scenario import BatchingPolicy
 
 stderr = Console(stderr=True)
@@ -74,7 +72,7 @@ def serve(
     from servelab.gateway.log import ServedLog
     from servelab.gateway.repository import load_repository
     from servelab.gateway.runner import OnnxModel
-    from servelab.lab.server import LOOPBACK_HOSTS
+    from servelab.http import allowed_hosts, check_can_listen
 
     given: dict[str, Any] = {
         "batching.max_batch_size": max_batch_size,
@@ -120,19 +118,9 @@ def serve(
     served = [ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
                           join=join, log=(ServedLog(log_dir, name) if log_dir else None))
               for name, path, pol in specs]
-    hosts = [*LOOPBACK_HOSTS, *(h.strip().lower() for h in allow_host or [] if h.strip())]
-    if host not in ("0.0.0.0", "::"):
-        hosts.append(host.lower())
-    app = create_gateway(served, allowed_hosts=tuple(dict.fromkeys(hosts)), metrics=metrics)
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except (OSError, OverflowError) as exc:
-        reason = (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno
-                  else str(exc))
-        raise ConfigError(f"--port = {port}: cannot listen on {cut(host, 60)}:{port} "
-                          f"({reason}); fix: choose another port, e.g. --port {port + 1}"
-                          ) from exc
+    app = create_gateway(served, allowed_hosts=allowed_hosts(host, allow_host),
+                         metrics=metrics)
+    check_can_listen(host, port)
     for name, _, pol in specs:
         stderr.print(f"  {name}: max_batch_size {pol.max_batch_size}, max_queue_delay "
                      f"{pol.max_queue_delay_microseconds} us, {pol.instances_per_gpu} "

@@ -7,7 +7,6 @@ Nothing is fetched from outside: plotly.js is served from the installed
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -22,12 +21,12 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.api import run_plan, run_simulate, run_sweep
 from servelab.catalog import gpu_names
 from servelab.errors import InputError, ServelabError, cut
 from servelab.files import parse_toml
+from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec, run_paging
@@ -59,7 +58,6 @@ LAB_MAX_BODY_BYTES = 4 * 1024 * 1024
 PAGING_MAX_POOL_TOKENS = PAGING_REQUESTS * 4096
 PAGING_MAX_STEPS = 50_000  # decode steps per strategy (the seed needs ~21,000)
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 _pool = ThreadPoolExecutor(max_workers=2)
 
@@ -203,79 +201,6 @@ def _paging(s: Scenario) -> dict[str, Any]:
     return out
 
 
-def _json(obj: Any, status_code: int = 200) -> Response:
-    """Reports are plain JSON already: skip FastAPI's recursive encoder (it costs more
-    than the simulation's report on a slider move)."""
-    return Response(json.dumps(obj, allow_nan=False), status_code=status_code,
-                    media_type="application/json")
-
-
-def _error(message: str, status_code: int) -> Response:
-    """Every error the lab sends: JSON, one line, the same words the CLI would print."""
-    return _json({"error": cut(message, 500)}, status_code)
-
-
-def _host_name(host_header: str) -> str:
-    """The host name of a Host header, without the port ("[::1]:8000" -> "::1")."""
-    h = host_header.strip().lower()
-    if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h
-    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
-
-
-class GuardMiddleware:
-    """Refuses, before any route runs: a Host the lab was not started for (DNS
-    rebinding: a page on another site resolving its own name to 127.0.0.1) with 403,
-    and a request body over the size limit with 413."""
-
-    def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...], max_body: int,
-                 server: str = "the lab") -> None:
-        self.app = app
-        self.server = server
-        self.allowed = {h.lower() for h in allowed_hosts}
-        self.max_body = max_body
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        host = _host_name(headers.get(b"host", b"").decode("latin-1"))
-        if host not in self.allowed:
-            shown_host = cut(repr(host), 60)
-            await _error(f"Host {shown_host}: {self.server} answers only "
-                         f"{', '.join(sorted(self.allowed))}; fix: use one of those names, "
-                         "or start it with --allow-host NAME", 403
-                         )(scope, receive, send)
-            return
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await _error(f"request body of {cut(length.decode('latin-1'), 20)} bytes: "
-                         f"expected at most {self.max_body:,}; fix: send a smaller body",
-                         413)(scope, receive, send)
-            return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body:
-                    raise _BodyTooLargeError
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLargeError:
-            await _error(f"request body over {self.max_body:,} bytes; fix: send a smaller "
-                         "body", 413)(scope, receive, send)
-
-
-class _BodyTooLargeError(Exception):
-    pass
-
-
 def _one_line_validation(exc: RequestValidationError) -> str:
     errs = exc.errors()
     if not errs:
@@ -303,26 +228,26 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
                              "lists); fix: send the page's own state") from None
 
     @app.exception_handler(ServelabError)
-    async def user_error(_: Request, exc: ServelabError) -> Response:
-        return _error(str(exc), 400)
+    async def usererror_response(_: Request, exc: ServelabError) -> Response:
+        return error_response(str(exc), 400)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, exc: RequestValidationError) -> Response:
-        return _error(_one_line_validation(exc), 400)
+        return error_response(_one_line_validation(exc), 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return _error(f"{request.method} {cut(request.url.path, 80)}: {exc.detail}",
+    async def httperror_response(request: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(f"{request.method} {cut(request.url.path, 80)}: {exc.detail}",
                       exc.status_code)
 
     @app.exception_handler(RecursionError)
     async def too_deep(_: Request, exc: RecursionError) -> Response:
-        return _error("request body: nested too deeply; fix: send flat section.key values",
+        return error_response("request body: nested too deeply; fix: send flat section.key values",
                       400)
 
     @app.exception_handler(Exception)
     async def bug(_: Request, exc: Exception) -> Response:  # a bug, still one JSON line
-        return _error(f"internal error ({type(exc).__name__}: {cut(str(exc), 200)}); "
+        return error_response(f"internal error ({type(exc).__name__}: {cut(str(exc), 200)}); "
                       "please report it with the scenario", 500)
 
     @app.get("/")
@@ -351,17 +276,17 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
     @app.post("/api/update")
     def update(body: StateIn) -> Response:
         s, caps = _capped(scenario(body.state))
-        return _json(_update(s, caps))
+        return json_response(_update(s, caps))
 
     @app.post("/api/charts")
     def charts(body: StateIn) -> Response:
-        return _json(_charts(_capped(scenario(body.state))[0]))
+        return json_response(_charts(_capped(scenario(body.state))[0]))
 
     @app.post("/api/paging")
     def paging(body: StateIn) -> Response:
         s = scenario(body.state)
         # Only the LLM pool matters here: key the cache on it alone.
-        return _json(_paging(replace(Scenario(), hardware=s.hardware, llm=s.llm,
+        return json_response(_paging(replace(Scenario(), hardware=s.hardware, llm=s.llm,
                                      base_dir=s.base_dir, sandbox=True)))
 
     @app.post("/api/parse")
