@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from servelab.gateway.demo import mlp_reference, write_mlp
 from tests.browser_support import free_port
+from tests.services import server_process
 
 httpclient = pytest.importorskip("tritonclient.http")
 aioclient = pytest.importorskip("tritonclient.http.aio")
@@ -35,29 +35,10 @@ def gateway(tmp_path: Path, *args: str, model: dict[str, int] | None = None,
     if models is None:
         models = ("--model", f"mlp={write_mlp(tmp_path / 'm.onnx', **(model or {}))}")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", *models,
-                             "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"the gateway did not start: {err}")
-            time.sleep(0.2)
+    with server_process([sys.executable, "-m", "servelab", "serve", *models, "--port",
+                         str(port), *args], f"http://{url}/v2/health/ready") as proc:
         yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 def request(x: np.ndarray, binary: bool) -> tuple[list, list]:  # type: ignore[type-arg]

@@ -27,6 +27,7 @@ from servelab.features.online import get_online_features, open_store
 from servelab.features.skew import skew
 from servelab.features.train import train
 from tests.browser_support import free_port
+from tests.services import server_process
 
 SERVICE = "fraud_model_v1"
 FEATURES = ["txn_count_7d", "avg_amount_7d", "failed_logins_1d", "risk_score"]
@@ -52,31 +53,13 @@ def make_repo(root: Path, online: str = "sqlite", redis_url: str | None = None) 
 @contextlib.contextmanager
 def gateway(root: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--model",
-                             f"fraud={root / 'model.onnx'}", "--feature-repo", str(root),
-                             "--feature-service", SERVICE, "--port", str(port),
-                             "--max-queue-delay-us", "500", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"the gateway did not start: {err}")
-            time.sleep(0.2)
+    with server_process([sys.executable, "-m", "servelab", "serve", "--model",
+                         f"fraud={root / 'model.onnx'}", "--feature-repo", str(root),
+                         "--feature-service", SERVICE, "--port", str(port),
+                         "--max-queue-delay-us", "500", *args],
+                        url + "/v2/health/ready") as proc:
         yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(timeout=30)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 def infer(url: str, users: list[int], merchants: list[int]) -> httpx.Response:

@@ -19,31 +19,16 @@ import pytest
 
 from servelab.lab.server import default_state
 from tests.browser_support import free_port
+from tests.services import server_process
 
 
 @contextlib.contextmanager
 def lab_process(*args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--port", str(port),
-                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url + "/api/meta", timeout=2)
-                break
-            except httpx.HTTPError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the lab did not start") from None
-                time.sleep(0.2)
+    with server_process([sys.executable, "-m", "servelab", "lab", "--port", str(port),
+                         *args], url + "/api/meta") as proc:
         yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 def rss_mib(pid: int) -> float:
