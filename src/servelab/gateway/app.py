@@ -180,6 +180,10 @@ class ServedModel:
                 f"expected one input of shape [-1, {len(join.pairs)}] for feature service "
                 f"{join.service!r}; fix: export the model over the service's features")
         self.inputs = join.inputs if join is not None else model.inputs
+        # The labelled children, bound once (labels() on every request costs more).
+        lab = {"model": model.name, "version": "1"}
+        self.request_hist = metrics.request_s.labels(**lab)
+        self.queue_hist = metrics.queue_s.labels(**lab)
         self.stats = ModelStats()
         self.metrics = metrics
         self.labels = {"model": model.name, "version": "1"}
@@ -459,8 +463,8 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         metrics.inc("nv_inference_queue_duration_us", lab, queue_ns / 1e3)
         metrics.inc("nv_inference_request_success", lab)
         metrics.inc("nv_inference_request_duration_us", lab, (done - t0) / 1e3)
-        metrics.queue_s.labels(**lab).observe(queue_ns / 1e9)
-        metrics.request_s.labels(**lab).observe((done - t0) / 1e9)
+        sm.queue_hist.observe(queue_ns / 1e9)
+        sm.request_hist.observe((done - t0) / 1e9)
         if header_len is not None:
             return 200, payload, "application/octet-stream", str(header_len)
         return 200, payload, "application/json", None

@@ -139,8 +139,8 @@ def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning",
-                    timeout_graceful_shutdown=30)
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                    proxy_headers=False, timeout_graceful_shutdown=30)
     finally:
         for sm in served:
             if sm.log is not None:

@@ -5,6 +5,7 @@ speaks them over HTTP: JSON tensors, and the binary tensor data extension
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +67,12 @@ def parse_request(body: bytes, header_length: str | None, model: str,
             raise _bad(f"input {name!r}: datatype {cut(str(item.get('datatype')), 20)!r}, "
                        f"expected {spec.datatype}")
         shape = item.get("shape")
-        if not (isinstance(shape, list) and shape and all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        if not isinstance(shape, list) or not shape:
             raise _bad(f"input {name!r}: shape must be a list of whole numbers")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 0
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise _bad(f"input {name!r}: shape must be a list of whole numbers")
+        count = math.prod(shape)
         if count > MAX_ELEMENTS:
             raise _bad(f"input {name!r}: {count:,} elements; expected at most {MAX_ELEMENTS:,}")
         if len(shape) != len(spec.shape) or any(
