@@ -138,7 +138,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("kv", "paging"): [*KV, "--qps", "--iteration-ms", "--pool-tokens", "--max-len",
                        "--prefix-tokens", "--lengths", "--seed"],
     ("load",): ["--qps", "--rates", "--duration", "--num-requests", "--connections",
-                "--model", "--url", "--seed"],
+                "--model", "--url", "--seed", "--concurrency", "--arrival"],
 }
 SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests", "3000"],
          ("sweep", "qps"): ["--num-requests", "2000"],

@@ -248,6 +248,16 @@ def test_servelab_load_measures_the_gateway(tmp_path):
             table = list(csv.DictReader(fh))
         assert [r["Request Rate"] for r in table] == ["100", "200"]
         assert all(int(r["p99 latency"]) >= int(r["p50 latency"]) > 0 for r in table)
+        closed = subprocess.run(
+            [sys.executable, "-m", "servelab", "load", "--url", f"http://{url}", "--model",
+             "mlp", "--concurrency", "1,4", "--num-requests", "200", "--binary", "--json"],
+            capture_output=True, text=True, timeout=120, check=False)
+        assert closed.returncode == 0, closed.stderr
+        c1, c4 = json.loads(closed.stdout)
+        assert (c1["concurrency"], c4["concurrency"]) == (1, 4)
+        assert c1["ok"] == c4["ok"] == 200
+        assert c1["mean_batch"] == pytest.approx(1.0)  # one client: nothing to batch with
+        assert c4["mean_batch"] > 1.0  # four clients: their requests share batches
         bad = subprocess.run([sys.executable, "-m", "servelab", "load", "--url",
                               f"http://{url}", "--model", "nope", "--qps", "10"],
                              capture_output=True, text=True, timeout=60, check=False)

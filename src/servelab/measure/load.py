@@ -19,9 +19,16 @@ import httpx
 import numpy as np
 
 from servelab.errors import InputError, StoreError, cut
-from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
+from servelab.measure.loadgen import (
+    constant_offsets,
+    http_request,
+    poisson_offsets,
+    run_closed_loop,
+    run_open_loop,
+)
 
-# perf_analyzer's CSV header (request-rate mode); latencies in microseconds.
+# perf_analyzer's CSV header (request-rate mode; with --concurrency the first column holds
+# the client count, as perf_analyzer's "Concurrency"); latencies in microseconds.
 PA_COLUMNS = ("Request Rate", "Inferences/Second", "Client Send", "Network+Server Send/Recv",
               "Server Queue", "Server Compute Input", "Server Compute Infer",
               "Server Compute Output", "Client Recv", "p50 latency", "p90 latency",
@@ -63,10 +70,12 @@ def metadata(t: Target) -> dict[str, Any]:
     return out
 
 
-def random_bodies(meta: dict[str, Any], n: int, seed: int = 0) -> list[bytes]:
-    """Request bodies with random values of each input's datatype and shape (batch 1)."""
+def random_bodies(meta: dict[str, Any], n: int, seed: int = 0, binary: bool = False
+                  ) -> list[bytes | tuple[bytes, int]]:
+    """Request bodies with random values of each input's datatype and shape (batch 1);
+    with `binary`, the binary tensor extension (body, JSON header length)."""
     rng = np.random.default_rng(seed)
-    bodies = []
+    bodies: list[bytes | tuple[bytes, int]] = []
     for _ in range(n):
         inputs = []
         for t in meta["inputs"]:
@@ -81,9 +90,17 @@ def random_bodies(meta: dict[str, Any], n: int, seed: int = 0) -> list[bytes]:
             else:
                 raise InputError(f"input {t['name']!r}: datatype {dt} is not generated; "
                                  "fix: give --entities with the values to send")
-            inputs.append({"name": t["name"], "datatype": dt, "shape": shape,
-                           "data": data.reshape(-1).tolist()})
-        bodies.append(json.dumps({"inputs": inputs}).encode())
+            inputs.append((t["name"], dt, shape, data))
+        if binary:
+            head = json.dumps({"inputs": [
+                {"name": nm, "datatype": dt, "shape": sh,
+                 "parameters": {"binary_data_size": int(d.nbytes)}}
+                for nm, dt, sh, d in inputs]}).encode()
+            bodies.append((head + b"".join(d.tobytes() for *_, d in inputs), len(head)))
+        else:
+            bodies.append(json.dumps({"inputs": [
+                {"name": nm, "datatype": dt, "shape": sh, "data": d.reshape(-1).tolist()}
+                for nm, dt, sh, d in inputs]}).encode())
     return bodies
 
 
@@ -125,16 +142,29 @@ def server_stats(t: Target) -> dict[str, float] | None:
             "output_ns": inf["compute_output"]["ns"]}
 
 
-def measure_rate(t: Target, bodies: list[bytes], rate: float, n: int, seed: int,
-                 max_connections: int) -> dict[str, Any]:
-    reqs = [http_request(t.host, t.port, f"/v2/models/{t.model}/infer", b) for b in bodies]
+def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float, n: int,
+                 seed: int, max_connections: int, arrival: str = "poisson",
+                 concurrency: int | None = None) -> dict[str, Any]:
+    """One step of a sweep: open loop at `rate` (Poisson or constant), or closed loop
+    with `concurrency` clients; the server's statistics before and after."""
+    reqs = []
+    for b in bodies:
+        body, hlen = b if isinstance(b, tuple) else (b, None)
+        headers = {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None
+        reqs.append(http_request(t.host, t.port, f"/v2/models/{t.model}/infer", body,
+                                 headers))
     before = server_stats(t)
-    res = asyncio.run(run_open_loop(t.host, t.port, reqs, poisson_offsets(rate, n, seed),
-                                    max_connections=max_connections))
+    if concurrency is not None:
+        res = asyncio.run(run_closed_loop(t.host, t.port, reqs, concurrency, n))
+    else:
+        offsets = (poisson_offsets(rate, n, seed) if arrival == "poisson"
+                   else constant_offsets(rate, n))
+        res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets,
+                                        max_connections=max_connections))
     after = server_stats(t)
-    row: dict[str, Any] = {"offered_per_s": rate, **res.summary(), "errors_by_reason":
-                           dict(res.errors), "behind_requests": int(
-                               (res.behind_ms > 1.0).sum())}
+    row: dict[str, Any] = {"offered_per_s": rate, "concurrency": concurrency,
+                           **res.summary(), "errors_by_reason": dict(res.errors),
+                           "behind_requests": int((res.behind_ms > 1.0).sum())}
     if before is not None and after is not None:
         d = {k: after[k] - before[k] for k in after}
         ok = max(d["success"], 1)
@@ -156,7 +186,8 @@ def perf_analyzer_row(r: dict[str, Any]) -> list[str]:
     net = ""
     if "server_compute_ms" in r and np.isfinite(r["mean_ms"]):
         net = f"{(r['mean_ms'] - r['server_queue_ms'] - r['server_compute_ms']) * 1e3:.0f}"
-    return [f"{r['offered_per_s']:g}", f"{r['achieved_per_s']:.1f}", "", net,
+    first = str(r["concurrency"]) if r.get("concurrency") else f"{r['offered_per_s']:g}"
+    return [first, f"{r['achieved_per_s']:.1f}", "", net,
             us("server_queue_ms"), us("compute_input_ms"), us("compute_infer_ms"),
             us("compute_output_ms"), "", us("p50_ms"), us("p90_ms"), us("p95_ms"),
             us("p99_ms"), us("mean_ms")]

@@ -70,6 +70,15 @@ def poisson_offsets(rate: float, n: int, seed: int = 0) -> np.ndarray:
     return np.cumsum(gaps)
 
 
+def constant_offsets(rate: float, n: int) -> np.ndarray:
+    """Intended send times (s) of an evenly spaced stream."""
+    if not (rate > 0 and 1 <= n <= MAX_REQUESTS):
+        raise InputError(f"load: rate {rate} and {n} requests: expected a rate > 0 and "
+                         f"1 to {MAX_REQUESTS:,} requests")
+    even: np.ndarray = np.arange(1, n + 1) / rate
+    return even
+
+
 def http_request(host: str, port: int, path: str, body: bytes,
                  headers: dict[str, str] | None = None) -> bytes:
     head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}",
@@ -139,3 +148,44 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
     for _, w in idle:
         w.close()
     return LoadResult(intended, sent, done, status, errors)
+
+
+async def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: int,
+                          n: int, *, timeout_s: float = 30.0) -> LoadResult:
+    """`concurrency` clients, each sending its next request when the last is answered,
+    `n` requests in all (perf_analyzer's --concurrency-range mode). Latency counts from
+    each actual send: in a closed loop the intended time is the send time."""
+    intended = np.zeros(n, np.int64)
+    done = np.zeros(n, np.int64)
+    status = np.zeros(n, np.int64)
+    errors: dict[str, int] = {}
+    next_i = [0]
+    t0 = time.monotonic_ns()
+
+    async def client() -> None:
+        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        while next_i[0] < n:
+            i = next_i[0]
+            next_i[0] += 1
+            intended[i] = time.monotonic_ns() - t0
+            try:
+                if conn is None:
+                    conn = await asyncio.open_connection(host, port)
+                conn[1].write(requests[i % len(requests)])
+                code = await asyncio.wait_for(_read_response(conn[0]), timeout_s)
+                status[i] = code
+                if code != 200:
+                    errors[f"http {code}"] = errors.get(f"http {code}", 0) + 1
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
+                    IndexError) as exc:
+                kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+                errors[kind] = errors.get(kind, 0) + 1
+                if conn is not None:
+                    conn[1].close()
+                conn = None
+            done[i] = time.monotonic_ns() - t0
+        if conn is not None:
+            conn[1].close()
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return LoadResult(intended, intended.copy(), done, status, errors)
