@@ -100,6 +100,30 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     return status
 
 
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+_TRANSPORT = (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError)
+
+
+async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
+                    timeout_s: float, errors: dict[str, int]) -> tuple[int, Conn | None]:
+    """One request on a keep-alive connection (opened if None): (HTTP status or 0, the
+    connection to reuse, or None when it broke). Errors are counted by reason."""
+    try:
+        if conn is None:
+            conn = await asyncio.open_connection(host, port)
+        conn[1].write(request)
+        code = await asyncio.wait_for(_read_response(conn[0]), timeout_s)
+    except _TRANSPORT as exc:
+        kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+        errors[kind] = errors.get(kind, 0) + 1
+        if conn is not None:
+            conn[1].close()
+        return 0, None
+    if code != 200:
+        errors[f"http {code}"] = errors.get(f"http {code}", 0) + 1
+    return code, conn
+
+
 async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: np.ndarray,
                         *, max_connections: int = 256, timeout_s: float = 30.0
                         ) -> LoadResult:
@@ -110,32 +134,18 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
     done = np.zeros(n, np.int64)
     status = np.zeros(n, np.int64)
     errors: dict[str, int] = {}
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    open_conns = [0]
+    idle: list[Conn] = []
     slots = asyncio.Semaphore(max_connections)
     t0 = time.monotonic_ns()
 
     async def one(i: int) -> None:
         async with slots:
             sent[i] = time.monotonic_ns() - t0
-            conn = idle.pop() if idle else None
-            try:
-                if conn is None:
-                    conn = await asyncio.open_connection(host, port)
-                    open_conns[0] += 1
-                reader, writer = conn
-                writer.write(requests[i % len(requests)])
-                code = await asyncio.wait_for(_read_response(reader), timeout_s)
-                status[i] = code
+            code, conn = await _exchange(host, port, idle.pop() if idle else None,
+                                         requests[i % len(requests)], timeout_s, errors)
+            status[i] = code
+            if conn is not None:
                 idle.append(conn)
-                if code != 200:
-                    errors[f"http {code}"] = errors.get(f"http {code}", 0) + 1
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
-                    IndexError) as exc:
-                kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
-                errors[kind] = errors.get(kind, 0) + 1
-                if conn is not None:
-                    conn[1].close()
             done[i] = time.monotonic_ns() - t0
 
     tasks = []
@@ -163,26 +173,13 @@ async def run_closed_loop(host: str, port: int, requests: list[bytes], concurren
     t0 = time.monotonic_ns()
 
     async def client() -> None:
-        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        conn: Conn | None = None
         while next_i[0] < n:
             i = next_i[0]
             next_i[0] += 1
             intended[i] = time.monotonic_ns() - t0
-            try:
-                if conn is None:
-                    conn = await asyncio.open_connection(host, port)
-                conn[1].write(requests[i % len(requests)])
-                code = await asyncio.wait_for(_read_response(conn[0]), timeout_s)
-                status[i] = code
-                if code != 200:
-                    errors[f"http {code}"] = errors.get(f"http {code}", 0) + 1
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError,
-                    IndexError) as exc:
-                kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
-                errors[kind] = errors.get(kind, 0) + 1
-                if conn is not None:
-                    conn[1].close()
-                conn = None
+            status[i], conn = await _exchange(host, port, conn, requests[i % len(requests)],
+                                              timeout_s, errors)
             done[i] = time.monotonic_ns() - t0
         if conn is not None:
             conn[1].close()
