@@ -45,9 +45,14 @@ def json_response(obj: Any, status_code: int = 200) -> Response:
                     media_type="application/json")
 
 
+def error_body(message: str) -> bytes:
+    """Every error a servelab server sends: JSON, one line, the words the CLI would print."""
+    return json.dumps({"error": cut(message, 500)}).encode()
+
+
 def error_response(message: str, status_code: int) -> Response:
-    """Every error the lab sends: JSON, one line, the same words the CLI would print."""
-    return json_response({"error": cut(message, 500)}, status_code)
+    return Response(error_body(message), status_code=status_code,
+                    media_type="application/json")
 
 
 def _host_name(host_header: str) -> str:

@@ -66,6 +66,19 @@ IDLE_WAIT_NS = 500_000_000  # default_wait_microseconds = 500 * 1000
 
 
 @njit(cache=True, nogil=True)
+def preference_tables(is_pref: np.ndarray, max_batch_size: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """For each size k: the largest preferred size <= k, and the smallest > k (0: none)."""
+    floor = np.zeros(max_batch_size + 1, np.int64)
+    for b in range(1, max_batch_size + 1):
+        floor[b] = b if is_pref[b] else floor[b - 1]
+    above = np.zeros(max_batch_size + 2, np.int64)
+    for b in range(max_batch_size - 1, -1, -1):
+        above[b] = b + 1 if is_pref[b + 1] else above[b + 1]
+    return floor, above
+
+
+@njit(cache=True, nogil=True)
 def get_dynamic_batch(q: int, k: int, age_ns: int, is_pref: np.ndarray, pref_floor: np.ndarray,
                       pref_above: np.ndarray, max_pref: int, max_batch_size: int,
                       delay_ns: int, saturated: bool) -> tuple[int, int, bool, int]:
@@ -125,12 +138,7 @@ def run_batcher_triton(
     n = arrival_ns.size
     mbs = max_batch_size
     is_pref = preferred.copy()
-    pref_floor = np.zeros(mbs + 1, np.int64)
-    for b in range(1, mbs + 1):
-        pref_floor[b] = b if is_pref[b] else pref_floor[b - 1]
-    pref_above = np.zeros(mbs + 2, np.int64)
-    for b in range(mbs - 1, -1, -1):
-        pref_above[b] = b + 1 if is_pref[b + 1] else pref_above[b + 1]
+    pref_floor, pref_above = preference_tables(is_pref, mbs)
     max_pref = pref_floor[mbs]
 
     status = np.full(n, -1, np.int8)

@@ -7,7 +7,6 @@ limit (413), errors as one JSON line with Triton's status codes.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -39,7 +38,13 @@ from servelab.gateway.join import FeatureJoin
 from servelab.gateway.log import ServedLog
 from servelab.gateway.protocol import build_response, parse_request
 from servelab.gateway.runner import OnnxModel, Timing
-from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
+from servelab.http import (
+    LOOPBACK_HOSTS,
+    GuardMiddleware,
+    error_body,
+    error_response,
+    json_response,
+)
 from servelab.scenario import BatchingPolicy
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # Triton has no *_created
@@ -229,10 +234,11 @@ class ServedModel:
 
     def _record(self, requests: list[dict[str, np.ndarray]], timing: Timing) -> None:
         n = len(requests)
+        rows = sum(next(iter(r.values())).shape[0] for r in requests)
         with self.lock:  # worker threads record the batch as Triton's batch_stats does
             s = self.stats
             s.execution_count += 1
-            s.inference_count += sum(next(iter(r.values())).shape[0] for r in requests)
+            s.inference_count += rows
             s.compute_input.add(timing.input_ns, n)
             s.compute_infer.add(timing.infer_ns, n)
             s.compute_output.add(timing.output_ns, n)
@@ -242,7 +248,7 @@ class ServedModel:
             b_out.add(timing.output_ns)
         m, lab = self.metrics, self.labels
         m.inc("nv_inference_exec_count", lab)
-        m.inc("nv_inference_count", lab, sum(next(iter(r.values())).shape[0] for r in requests))
+        m.inc("nv_inference_count", lab, rows)
         m.inc("nv_inference_compute_input_duration_us", lab, timing.input_ns * n / 1e3)
         m.inc("nv_inference_compute_infer_duration_us", lab, timing.infer_ns * n / 1e3)
         m.inc("nv_inference_compute_output_duration_us", lab, timing.output_ns * n / 1e3)
@@ -288,10 +294,6 @@ class ServedModel:
         return {"name": self.model.name, "version": "1", "last_inference": s.last_inference_ms,
                 "inference_count": counts[0], "execution_count": counts[1],
                 "inference_stats": inference, "batch_stats": batch_stats}
-
-
-def _error_body(message: str) -> bytes:
-    return json.dumps({"error": cut(message, 500)}).encode()
 
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/infer$")
@@ -425,7 +427,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         """One inference: (status, body, content type, Inference-Header-Content-Length)."""
         sm = by_name.get(name)
         if sm is None:
-            return (404, _error_body(f"Request for unknown model: '{cut(name, 80)}' is not "
+            return (404, error_body(f"Request for unknown model: '{cut(name, 80)}' is not "
                                      "found"), "application/json", None)
         t0 = time.monotonic_ns()
         lab = sm.labels
@@ -433,7 +435,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         def fail(reason: str, status: int, message: str) -> tuple[int, bytes, str, None]:
             metrics.inc("nv_inference_request_failure", {**lab, "reason": reason})
             sm.stats.fail.add(time.monotonic_ns() - t0)
-            return status, _error_body(message), "application/json", None
+            return status, error_body(message), "application/json", None
 
         try:
             req = parse_request(body, header_length, name, sm.inputs, sm.policy.max_batch_size)

@@ -20,7 +20,11 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from servelab.batching.triton_engine import IDLE_WAIT_NS, get_dynamic_batch
+from servelab.batching.triton_engine import (
+    IDLE_WAIT_NS,
+    get_dynamic_batch,
+    preference_tables,
+)
 from servelab.scenario import BatchingPolicy
 
 T = TypeVar("T")
@@ -53,12 +57,7 @@ class BatcherCore(Generic[T]):
         prefs = set(policy.effective_preferred)
         self.is_pref = np.zeros(mbs + 1, np.bool_)
         self.is_pref[list(prefs)] = True
-        self.pref_floor = np.zeros(mbs + 1, np.int64)
-        for b in range(1, mbs + 1):
-            self.pref_floor[b] = b if self.is_pref[b] else self.pref_floor[b - 1]
-        self.pref_above = np.zeros(mbs + 2, np.int64)
-        for b in range(mbs - 1, -1, -1):
-            self.pref_above[b] = b + 1 if self.is_pref[b + 1] else self.pref_above[b + 1]
+        self.pref_floor, self.pref_above = preference_tables(self.is_pref, mbs)
         self.max_pref = int(self.pref_floor[mbs])
         self.slots = 2 * num_instances
         self.idle = num_instances
