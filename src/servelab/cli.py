@@ -209,10 +209,12 @@ app.add_typer(kv_app, name="kv")
 from servelab.features.cli import app as features_app  # noqa: E402
 from servelab.gateway.cli import serve as serve_command  # noqa: E402
 from servelab.measure.cli import load as load_command  # noqa: E402
+from servelab.measure.cli import validate as validate_command  # noqa: E402
 
 app.add_typer(features_app, name="features")
 app.command("serve")(serve_command)
 app.command("load")(load_command)
+app.command("validate")(validate_command)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]
 KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype",

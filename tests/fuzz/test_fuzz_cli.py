@@ -139,13 +139,16 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                        "--prefix-tokens", "--lengths", "--seed"],
     ("load",): ["--qps", "--rates", "--duration", "--num-requests", "--connections",
                 "--model", "--url", "--seed", "--concurrency", "--arrival"],
+    ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
+                    "--instances", "--model", "--url", "--seed", "--out"],
 }
 SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests", "3000"],
          ("sweep", "qps"): ["--num-requests", "2000"],
          ("sweep", "max_queue_delay_us"): ["--num-requests", "2000"],
          ("kv",): [], ("kv", "paging"): ["--requests", "60"],
          # port 9 on loopback: nothing listens, so a valid command line is refused at once
-         ("load",): ["--url", "http://127.0.0.1:9", "--model", "m"]}
+         ("load",): ["--url", "http://127.0.0.1:9", "--model", "m"],
+         ("validate",): ["--url", "http://127.0.0.1:9", "--model", "m"]}
 
 
 @st.composite

@@ -239,10 +239,11 @@ class ServedModel:
             s = self.stats
             s.execution_count += 1
             s.inference_count += rows
-            s.compute_input.add(timing.input_ns, n)
-            s.compute_infer.add(timing.infer_ns, n)
-            s.compute_output.add(timing.output_ns, n)
-            b_in, b_inf, b_out = s.batches[n]
+            # each request is credited with its batch's time, as Triton does
+            s.compute_input.add(timing.input_ns * n, n)
+            s.compute_infer.add(timing.infer_ns * n, n)
+            s.compute_output.add(timing.output_ns * n, n)
+            b_in, b_inf, b_out = s.batches[rows]  # keyed by rows, as Triton's are
             b_in.add(timing.input_ns)
             b_inf.add(timing.infer_ns)
             b_out.add(timing.output_ns)

@@ -6,12 +6,15 @@ decision by calling the simulator's own ``get_dynamic_batch`` (the same compiled
 function ``triton_engine`` uses), and follows the same loop: instances finishing,
 arrivals, instances taking waiting payloads, the batcher thread, timeouts. A test
 drives it with a discrete-event clock and checks it against the engine request by
-request; ``AsyncBatcher`` drives it with the real clock in the gateway.
+request; ``AsyncBatcher`` drives it with the real clock in the gateway, from a timer
+thread and one thread per instance, as Triton does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +31,7 @@ from servelab.batching.triton_engine import (
 from servelab.scenario import BatchingPolicy
 
 T = TypeVar("T")
+MAX_LEAD_NS = 2_000_000  # the timer never aims more than 2 ms early
 
 
 @dataclass(slots=True, eq=False)
@@ -177,88 +181,149 @@ class Pending:
 
 
 class AsyncBatcher:
-    """Drives a BatcherCore with the real clock: arrivals from request handlers,
-    payloads run by `execute` on a thread pool (one worker per instance), completions
-    and the thread's timer on the event loop."""
+    """Drives a BatcherCore with the real clock, in threads as Triton does: a timer
+    thread sleeps until the core's next event (the batcher thread's wait, a timeout),
+    one thread per instance runs payloads and, the moment one finishes, takes the next
+    waiting payload itself; arrivals come from request handlers on the event loop. All
+    of them hold one lock around the core, so no decision waits for the event loop,
+    whose timers round up to whole milliseconds and which is busy parsing requests under
+    load. Answers go back to the loop in one call per batch."""
 
     def __init__(self, policy: BatchingPolicy, num_instances: int,
                  execute: Callable[[list[Any]], list[Any]],
                  on_batch: Callable[[int, int, int], None] | None = None) -> None:
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)
         self.core: BatcherCore[Pending] = BatcherCore(policy, num_instances, self._start)
         self.execute = execute
         self.on_batch = on_batch  # (batch size, queue ns summed, compute ns) per batch
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self.in_flight = 0  # accepted and not yet answered
+        self.work: queue.SimpleQueue[Payload[Pending] | None] = queue.SimpleQueue()
+        self.num_instances = num_instances
+        self.in_flight = 0  # accepted and not yet answered (event loop thread only)
+        self.closed = False
+        self.lead_ns = 0  # how early the timer thread aims (its recent lateness)
+        self.clock_ns = 0  # the latest time given to the core: it never goes back
 
     @staticmethod
     def now() -> int:
         return time.monotonic_ns()
 
+    def _begin(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        for i in range(self.num_instances):
+            threading.Thread(target=self._instance, name=f"servelab-instance-{i}",
+                             daemon=True).start()
+        threading.Thread(target=self._timer, name="servelab-batcher", daemon=True).start()
+
     def submit(self, inputs: Any) -> asyncio.Future[Any] | None:
         """Queue one request; None if the queue is full."""
-        loop = self.loop = self.loop or asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        now = self.now()
-        if not self.core.arrive(Pending(inputs, fut, now), now):
-            return None
+        if self.loop is None:
+            self._begin(asyncio.get_running_loop())
+        assert self.loop is not None
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        with self.lock:
+            now = self.clock_ns = max(self.now(), self.clock_ns)
+            if not self.core.arrive(Pending(inputs, fut, now), now):
+                return None
+            expired = self.core.step(now)
+            self.wakeup.notify()
+        self._expire(expired)
         self.in_flight += 1
-        fut.add_done_callback(lambda _f: self._answered())
-        self._step(now)
+        fut.add_done_callback(self._answered)
         return fut
 
-    def _answered(self) -> None:
+    def close(self) -> None:
+        """Stop the threads (they are daemons: a process that exits needs not call it)."""
+        with self.lock:
+            self.closed = True
+            self.wakeup.notify_all()
+        for _ in range(self.num_instances):
+            self.work.put(None)
+
+    def _answered(self, _f: asyncio.Future[Any]) -> None:
         self.in_flight -= 1
 
-    def _step(self, now: int) -> None:
-        for p in self.core.step(now):
+    @staticmethod
+    def _expire(expired: list[Pending]) -> None:
+        for p in expired:
             if not p.future.done():
                 p.future.set_exception(TimeoutError("Request timeout expired"))
-        self._arm()
 
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        at = self.core.next_event_ns()
-        if at is not None and self.loop is not None:
-            delay = max(0.0, (at - self.now()) / 1e9)
-            self._timer = self.loop.call_later(delay, self._on_timer)
+    def _timer(self) -> None:
+        """The batcher thread's clock: run the core at its next event.
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        # The loop's timer can fire a hair early: treat the event it was set for as due.
-        self._step(max(self.now(), self.core.next_event_ns() or 0))
+        A thread's timed wait ends late, and later still while the event loop holds the
+        GIL (0.1 ms idle, 0.3-0.8 ms busy on a 2-core machine). Left alone that lateness
+        stretches every max_queue_delay, so the thread aims early by the lateness it has
+        been seeing (an exponential average) and runs the event as due: on average the
+        delay ends on time, as Triton's does.
+        """
+        assert self.loop is not None
+        with self.lock:
+            while not self.closed:
+                at = self.core.next_event_ns()
+                now = self.now()
+                if at is None:
+                    self.wakeup.wait()
+                    continue
+                if at > now + self.lead_ns:
+                    aim = at - self.lead_ns
+                    self.wakeup.wait((aim - now) / 1e9)
+                    woke = self.now()
+                    if woke >= aim and self.core.next_event_ns() == at:  # a timed-out wait
+                        late = min(woke - aim, MAX_LEAD_NS)
+                        self.lead_ns += (late - self.lead_ns) // 8
+                    continue
+                # Due (or within the lead): the core runs the event at its own time.
+                t = max(now, at, self.clock_ns)
+                self.clock_ns = t
+                expired = self.core.step(t)
+                if expired:
+                    self.loop.call_soon_threadsafe(self._expire, expired)
+                if (self.core.next_event_ns() or at + 1) <= at:  # no progress: yield
+                    self.wakeup.wait(50e-6)
 
     def _start(self, payload: Payload[Pending]) -> None:
-        assert self.loop is not None
+        """Called by the core, under the lock, when an instance takes a payload."""
         started = self.now()
         for p in payload.items:
             p.started_ns = started
-        fut = self.loop.run_in_executor(None, self._run, payload)
-        fut.add_done_callback(lambda f: self._finished(payload, f, started))
+        self.work.put(payload)
 
-    def _run(self, payload: Payload[Pending]) -> list[Any]:
-        return self.execute([p.inputs for p in payload.items])
+    def _instance(self) -> None:
+        assert self.loop is not None
+        while True:
+            payload = self.work.get()
+            if payload is None:
+                return
+            started = payload.items[0].started_ns
+            result: list[Any] | None = None
+            error: BaseException | None = None
+            try:
+                result = self.execute([p.inputs for p in payload.items])
+            except Exception as exc:  # the model failed on this batch: each request hears
+                error = exc
+            with self.lock:
+                now = self.clock_ns = max(self.now(), self.clock_ns)
+                self.core.complete(now)
+                expired = self.core.step(now)  # this instance's next payload, if waiting
+                self.wakeup.notify()
+            self.loop.call_soon_threadsafe(self._deliver, payload, result, error, started,
+                                           now, expired)
 
-    def _finished(self, payload: Payload[Pending], f: asyncio.Future[list[Any]],
-                  started: int) -> None:
-        now = self.now()
-        exc = f.exception()
-        if exc is not None:
-            for p in payload.items:
-                if not p.future.done():
-                    p.future.set_exception(exc)
-        else:
-            for p, out in zip(payload.items, f.result(), strict=True):
-                if p.future.done():
-                    continue
-                if isinstance(out, BaseException):  # this request failed, not the batch
-                    p.future.set_exception(out)
-                else:
-                    p.future.set_result((out, p.started_ns - p.arrived_ns))
+    def _deliver(self, payload: Payload[Pending], result: list[Any] | None,
+                 error: BaseException | None, started: int, done: int,
+                 expired: list[Pending]) -> None:
+        self._expire(expired)
+        for i, p in enumerate(payload.items):
+            if p.future.done():
+                continue
+            out = error if result is None else result[i]
+            if isinstance(out, BaseException):  # the batch, or this request, failed
+                p.future.set_exception(out)
+            else:
+                p.future.set_result((out, p.started_ns - p.arrived_ns))
         if self.on_batch is not None:
             self.on_batch(len(payload.items), sum(started - p.arrived_ns for p in payload.items),
-                          now - started)
-        self.core.complete(now)
-        self._step(now)
+                          done - started)

@@ -143,3 +143,174 @@ def load(
         if r["errors_by_reason"]:
             stdout.print(f"errors at {r['offered_per_s']:g}/s: {r['errors_by_reason']}",
                          highlight=False)
+
+
+def validate(
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Model name on the server (with --serve: the name to serve "
+        "it under; default 'demo').")] = None,
+    url: Annotated[str | None, typer.Option(
+        help="The server, e.g. http://127.0.0.1:8000 (or --serve).")] = None,
+    serve: Annotated[str | None, typer.Option(
+        help="Start servelab's own gateway for the run: PATH.onnx, or 'demo' for a built-in "
+             "MLP (3 x 2048 hidden, about 1.4 ms a batch of 1 here).")] = None,
+    rates: Annotated[str | None, typer.Option(
+        help="Comma-separated rates to measure (default: 20%, 50% and 80% of the measured "
+             "saturation).")] = None,
+    duration: Annotated[float, typer.Option(help="Seconds of load per rate.")] = 10.0,
+    max_batch_size: Annotated[int | None, typer.Option(
+        help="Replace (or, without a config endpoint, give) max_batch_size.")] = None,
+    max_queue_delay_us: Annotated[int | None, typer.Option(
+        help="Replace or give max_queue_delay_microseconds.")] = None,
+    instances: Annotated[int | None, typer.Option(
+        help="Replace or give the instance count.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Write scenario.toml (the fitted scenario), validation.json and "
+             "validation.html (predicted vs measured against the rate) in this folder.")
+                   ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for arrivals and inputs.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
+                       ] = False,
+) -> None:
+    """Profile a v2 server, fit the simulator to it, load it at several rates and print
+    the prediction beside the measurement, with % error and a verdict."""
+    import contextlib
+    import tempfile
+
+    import numpy as np
+
+    from servelab.errors import InputError
+    from servelab.measure.load import metadata, parse_url
+    from servelab.measure.process import free_port, server_process
+    from servelab.measure.validate import (
+        TOLERANCE,
+        check_rates,
+        fit_scenario,
+        measure_and_predict,
+        notes_for,
+        profile_server,
+        read_policy,
+        saturation,
+        verdict,
+        write_html,
+    )
+    from servelab.scenario import scenario_to_toml
+
+    if (url is None) == (serve is None):
+        raise invalid("--url/--serve", (url, serve), "exactly one of them",
+                      "give --url http://127.0.0.1:8000 --model NAME, or --serve demo")
+    if not 1 <= duration <= 600:
+        raise invalid("--duration", duration, "1 to 600 seconds per rate", "e.g. 10")
+    grid: list[float] | None = None
+    if rates is not None:
+        try:
+            parsed = [float(x) for x in rates.split(",") if x.strip()]
+        except ValueError:
+            raise invalid("--rates", rates, "comma-separated numbers",
+                          "e.g. --rates 200,500,800") from None
+        grid = check_rates(parsed)
+    if out is not None and out.exists() and not out.is_dir():
+        raise invalid("--out", str(out), "a folder", "give a folder name")
+    def say(message: str) -> None:
+        if not as_json:
+            stderr.print(message, highlight=False, markup=False)
+
+    name = model or ("demo" if serve else None)
+    if name is None:
+        raise invalid("--model", None, "the model's name on the server", "e.g. --model resnet")
+    with contextlib.ExitStack() as stack:
+        if serve is not None:
+            import sys
+
+            from servelab.gateway.demo import VALIDATION_MLP, write_mlp
+
+            path = serve
+            if serve == "demo":
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="servelab-val-"))
+                path = str(write_mlp(Path(tmp) / "mlp.onnx", **VALIDATION_MLP))
+            elif not Path(serve).is_file():
+                raise InputError(f"--serve = {serve!r}: no such file; fix: a .onnx path, or "
+                                 "--serve demo")
+            port = free_port()
+            cmd = [sys.executable, "-m", "servelab", "serve", "--model", f"{name}={path}",
+                   "--port", str(port)]
+            for flag, v in (("--max-batch-size", max_batch_size),
+                            ("--max-queue-delay-us", max_queue_delay_us),
+                            ("--instances", instances)):
+                if v is not None:
+                    cmd += [flag, str(v)]
+            say(f"validate: starting servelab serve on port {port}...")
+            stack.enter_context(server_process(cmd, f"http://127.0.0.1:{port}/v2/health/ready"))
+            url = f"http://127.0.0.1:{port}"
+        assert url is not None
+        target = parse_url(url, name)
+        meta = metadata(target)
+        sp = read_policy(target, {"max_batch_size": max_batch_size,
+                                  "max_queue_delay_us": max_queue_delay_us,
+                                  "instances": instances})
+        p = sp.policy
+        say(f"validate: {name} at {target.base}: max_batch_size {p.max_batch_size}, "
+            f"max_queue_delay {p.max_queue_delay_microseconds} us, preferred "
+            f"{list(p.preferred_batch_size) or 'none'}, {sp.instances} instance(s) "
+            f"(from {sp.source})")
+        prof = profile_server(target, meta, sp, seed=seed, say=say)
+        fit = fit_scenario(target, sp, prof)
+        sat = closed = None
+        if grid is None:
+            sat, closed = saturation(target, meta, sp, float(np.median(prof.low_load_ms)),
+                                     seed=seed, say=say)
+            say(f"validate: open-loop saturation about {sat:.0f} requests/s")
+            grid = [round(sat * f, -1) or round(sat * f, 1) for f in (0.2, 0.5, 0.8)]
+        rows = []
+        for k, rate in enumerate(grid):
+            n = max(200, min(int(rate * duration), 2_000_000))
+            say(f"validate: {rate:g}/s, {n:,} requests...")
+            rows.append(measure_and_predict(target, meta, fit, rate, n, seed + k))
+    ok, misses = verdict(rows)
+    report: dict[str, Any] = {
+        "model": name, "url": target.base, "policy_source": sp.source,
+        "saturation_per_s": sat, "closed_loop_per_s": closed, "profile": prof.to_dict(),
+        "rates": rows,
+        "tolerance": dict(TOLERANCE),
+        "within_tolerance": ok, "misses": misses, "notes": notes_for(rows)}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "scenario.toml").write_text(scenario_to_toml(fit))
+        (out / "validation.json").write_text(json.dumps(report, indent=2, default=float))
+        write_html(report, out / "validation.html")
+        say(f"validate: wrote {out}/scenario.toml, validation.json, validation.html")
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2, default=float) + "\n")
+        return
+    _print_validation(report)
+
+
+def _print_validation(report: dict[str, Any]) -> None:
+    t = Table(title=f"servelab validate: {report['model']} at {report['url']} "
+                    "(predicted / measured, error)", title_justify="left")
+    figures = [("mean_batch", "batch", "{:.2f}"), ("p50_ms", "p50 ms", "{:.2f}"),
+               ("p90_ms", "p90 ms", "{:.2f}"), ("p99_ms", "p99 ms", "{:.2f}"),
+               ("queue_ms", "queue ms", "{:.2f}"), ("throughput_per_s", "served/s", "{:.0f}")]
+    t.add_column("rate/s", justify="right")
+    for _, label, _ in figures:
+        t.add_column(label, justify="right")
+    for r in report["rates"]:
+        cells = [f"{r['rate_per_s']:g}"]
+        for key, _, fmt in figures:
+            c = r["compare"][key]
+            if c["measured"] is None:
+                cells.append("n/a")
+                continue
+            err = "" if c["error"] is None else f" {c['error']:+.0%}"
+            mark = {True: "", False: " ✗", None: ""}[c["ok"]]
+            cells.append(f"{fmt.format(c['predicted'])} / {fmt.format(c['measured'])}"
+                         f"{err}{mark}")
+        t.add_row(*cells)
+    stdout.print(t)
+    tol = ", ".join(f"{k} ±{v:.0%}" for k, v in report["tolerance"].items())
+    stdout.print(("within tolerance" if report["within_tolerance"] else "outside tolerance")
+                 + f" ({tol})", highlight=False)
+    for m in report["misses"]:
+        stdout.print(f"  miss: {m}", highlight=False)
+    for n in report["notes"]:
+        stdout.print(f"  note: {n}", highlight=False)

@@ -70,16 +70,16 @@ def metadata(t: Target) -> dict[str, Any]:
     return out
 
 
-def random_bodies(meta: dict[str, Any], n: int, seed: int = 0, binary: bool = False
-                  ) -> list[bytes | tuple[bytes, int]]:
-    """Request bodies with random values of each input's datatype and shape (batch 1);
-    with `binary`, the binary tensor extension (body, JSON header length)."""
+def random_bodies(meta: dict[str, Any], n: int, seed: int = 0, binary: bool = False,
+                  rows: int = 1) -> list[bytes | tuple[bytes, int]]:
+    """Request bodies with random values of each input's datatype and shape (`rows` rows
+    each); with `binary`, the binary tensor extension (body, JSON header length)."""
     rng = np.random.default_rng(seed)
     bodies: list[bytes | tuple[bytes, int]] = []
     for _ in range(n):
         inputs = []
         for t in meta["inputs"]:
-            shape = [1, *[d if d > 0 else 1 for d in t["shape"][1:]]]
+            shape = [rows, *[d if d > 0 else 1 for d in t["shape"][1:]]]
             dt = t["datatype"]
             if dt in FLOAT_TYPES:
                 data = rng.normal(size=shape).astype(FLOAT_TYPES[dt])
@@ -144,9 +144,11 @@ def server_stats(t: Target) -> dict[str, float] | None:
 
 def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float, n: int,
                  seed: int, max_connections: int, arrival: str = "poisson",
-                 concurrency: int | None = None) -> dict[str, Any]:
-    """One step of a sweep: open loop at `rate` (Poisson or constant), or closed loop
-    with `concurrency` clients; the server's statistics before and after."""
+                 concurrency: int | None = None, offsets: np.ndarray | None = None
+                 ) -> dict[str, Any]:
+    """One step of a sweep: open loop at `rate` (Poisson or constant, or the given
+    intended send times), or closed loop with `concurrency` clients; the server's
+    statistics before and after."""
     reqs = []
     for b in bodies:
         body, hlen = b if isinstance(b, tuple) else (b, None)
@@ -157,8 +159,9 @@ def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float
     if concurrency is not None:
         res = asyncio.run(run_closed_loop(t.host, t.port, reqs, concurrency, n))
     else:
-        offsets = (poisson_offsets(rate, n, seed) if arrival == "poisson"
-                   else constant_offsets(rate, n))
+        if offsets is None:
+            offsets = (poisson_offsets(rate, n, seed) if arrival == "poisson"
+                       else constant_offsets(rate, n))
         res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets,
                                         max_connections=max_connections))
     after = server_stats(t)

@@ -11,7 +11,12 @@ once, so one core sends a few thousand requests a second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +24,7 @@ import numpy as np
 from servelab.errors import InputError
 
 MAX_REQUESTS = 2_000_000
+MAX_IDLE_NS = 1_000_000_000  # a keep-alive connection idle longer is not reused
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,21 @@ class LoadResult:
         }
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No garbage collection during a run (its allocations are bounded by the request
+    count): a full collection over thousands of pending tasks stalls the client for
+    tens of milliseconds, which would be charged to the server. Collected afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+        gc.collect()
+
+
 def poisson_offsets(rate: float, n: int, seed: int = 0) -> np.ndarray:
     """Intended send times (s from the start) of a Poisson stream."""
     if not (rate > 0 and 1 <= n <= MAX_REQUESTS):
@@ -80,8 +101,8 @@ def constant_offsets(rate: float, n: int) -> np.ndarray:
 
 
 def http_request(host: str, port: int, path: str, body: bytes,
-                 headers: dict[str, str] | None = None) -> bytes:
-    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}",
+                 headers: dict[str, str] | None = None, method: str = "POST") -> bytes:
+    head = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}",
             f"Content-Length: {len(body)}", "Content-Type: application/json"]
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
@@ -134,28 +155,76 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
     done = np.zeros(n, np.int64)
     status = np.zeros(n, np.int64)
     errors: dict[str, int] = {}
-    idle: list[Conn] = []
+    idle: list[tuple[Conn, int]] = []  # keep-alive connections and when last used
     slots = asyncio.Semaphore(max_connections)
+    # Open the connections a burst will need before the clock starts (as many as 20 ms
+    # of arrivals at the mean rate): opening them mid-run costs the client and the server
+    # time that belongs to neither's steady state.
+    span = float(offsets_s[-1] - offsets_s[0]) if n > 1 else 0.0
+    rate = (n - 1) / span if span > 0 else 1.0
+    for _ in range(min(max_connections, max(4, int(rate * 0.02)), n)):
+        try:
+            idle.append((await asyncio.open_connection(host, port), time.monotonic_ns()))
+        except OSError:
+            break  # the run will count the errors itself
     t0 = time.monotonic_ns()
+
+    def reuse(now: int) -> Conn | None:
+        """The most recently used idle connection; ones idle too long are closed, since
+        the server may already have closed them (uvicorn does after 5 s), and a request
+        written into such a socket would fail through no fault of the server."""
+        while idle:
+            conn, last = idle.pop()
+            if now - last < MAX_IDLE_NS:
+                return conn
+            conn[1].close()
+        return None
 
     async def one(i: int) -> None:
         async with slots:
-            sent[i] = time.monotonic_ns() - t0
-            code, conn = await _exchange(host, port, idle.pop() if idle else None,
-                                         requests[i % len(requests)], timeout_s, errors)
+            now = time.monotonic_ns()
+            sent[i] = now - t0
+            code, conn = await _exchange(host, port, reuse(now), requests[i % len(requests)],
+                                         timeout_s, errors)
+            end = time.monotonic_ns()
             status[i] = code
             if conn is not None:
-                idle.append(conn)
-            done[i] = time.monotonic_ns() - t0
+                idle.append((conn, end))
+            done[i] = end - t0
 
-    tasks = []
-    for i in range(n):
-        delay = (intended[i] - (time.monotonic_ns() - t0)) / 1e9
-        if delay > 0:
-            await asyncio.sleep(delay)
+    # Send times come from a thread sleeping with the OS's fine timer: the event loop's
+    # own timers round up to whole milliseconds (epoll), which would make every request
+    # up to 1 ms late. A shorter GIL switch interval lets the thread in on time while
+    # the loop is busy.
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Future[None]] = []
+    all_started = asyncio.Event()
+    stop = threading.Event()
+
+    def start(i: int) -> None:
         tasks.append(asyncio.ensure_future(one(i)))
-    await asyncio.gather(*tasks)
-    for _, w in idle:
+        if len(tasks) == n:
+            all_started.set()
+
+    def sender() -> None:
+        for i in range(n):
+            delay = (intended[i] - (time.monotonic_ns() - t0)) / 1e9
+            if delay > 0 and stop.wait(delay):
+                return
+            loop.call_soon_threadsafe(start, i)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, 0.0002))
+    thread = threading.Thread(target=sender, name="servelab-load-sender", daemon=True)
+    with paused_gc():
+        thread.start()
+        try:
+            await all_started.wait()
+        finally:
+            stop.set()
+            sys.setswitchinterval(switch)
+        await asyncio.gather(*tasks)
+    for (_, w), _ in idle:
         w.close()
     return LoadResult(intended, sent, done, status, errors)
 
@@ -184,5 +253,6 @@ async def run_closed_loop(host: str, port: int, requests: list[bytes], concurren
         if conn is not None:
             conn[1].close()
 
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    with paused_gc():
+        await asyncio.gather(*(client() for _ in range(concurrency)))
     return LoadResult(intended, intended.copy(), done, status, errors)

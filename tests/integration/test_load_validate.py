@@ -1,0 +1,124 @@
+"""`servelab load` against a stub v2 server whose answer time is known exactly, and
+`servelab validate --serve demo` end to end on servelab's own gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
+from servelab.scenario import ServiceKind, load_scenario
+from tests.services import free_port, server_process
+
+STUB = str(Path(__file__).resolve().parent.parent / "stub_v2.py")
+BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
+                               "data": [0.0, 1.0, 2.0, 3.0]}]}).encode()
+
+
+def stub(*args: str):  # type: ignore[no-untyped-def]
+    port = free_port()
+    return port, server_process([sys.executable, STUB, str(port), *args],
+                                f"http://127.0.0.1:{port}/v2/health/ready")
+
+
+def test_open_loop_percentiles_match_a_known_delay():
+    port, proc = stub("--delay-ms", "20")
+    with proc:
+        req = [http_request("127.0.0.1", port, "/v2/models/stub/infer", BODY)]
+        res = asyncio.run(run_open_loop("127.0.0.1", port, req, poisson_offsets(100, 300, 1)))
+    lat = res.latency_ms
+    assert lat.size == 300
+    assert not res.errors
+    # 20 ms in the stub (its loop's timers round up to the millisecond) plus loopback HTTP
+    assert 19.9 <= np.percentile(lat, 50) <= 23.5
+    assert np.percentile(lat, 99) <= 28.0
+    assert np.percentile(res.behind_ms, 99) < 3.0
+
+
+def test_open_loop_keeps_its_rate_through_a_stall_and_charges_it():
+    port, proc = stub("--delay-ms", "5", "--stall-at", "1.0", "--stall-ms", "300")
+    offsets = poisson_offsets(200, 500, 2)
+    with proc:
+        req = [http_request("127.0.0.1", port, "/v2/models/stub/infer", BODY)]
+        res = asyncio.run(run_open_loop("127.0.0.1", port, req, offsets))
+    assert (res.status == 200).all()
+    # The sender did not wait for the stalled answers: every request left on time.
+    assert np.percentile(res.behind_ms, 99) < 5.0
+    # Requests meant to go inside the stall waited for its end, and their latency from
+    # the intended time says so (no coordinated omission).
+    since_first = (res.intended_ns - res.intended_ns[0]) / 1e9
+    inside = (since_first > 1.03) & (since_first < 1.27)
+    assert inside.sum() > 20
+    stall_left_ms = (1.3 - since_first[inside]) * 1e3
+    lat = (res.done_ns[inside] - res.intended_ns[inside]) / 1e6
+    assert (lat >= stall_left_ms + 5 - 3).all()
+    outside = since_first > 1.5
+    assert np.median((res.done_ns[outside] - res.intended_ns[outside]) / 1e6) < 10
+
+
+def test_load_command_on_a_server_without_statistics_and_validate_says_what_it_lacks():
+    port, proc = stub("--delay-ms", "10")
+    with proc:
+        url = f"http://127.0.0.1:{port}"
+        out = subprocess.run([sys.executable, "-m", "servelab", "load", "--url", url,
+                              "--model", "stub", "--qps", "100", "--num-requests", "200",
+                              "--json"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        [row] = json.loads(out.stdout)
+        assert row["ok"] == 200
+        assert row["errors"] == 0
+        assert 9.9 <= row["p50_ms"] <= 13.5
+        assert "mean_batch" not in row  # the stub has no statistics: nothing invented
+        val = subprocess.run([sys.executable, "-m", "servelab", "validate", "--url", url,
+                              "--model", "stub"], capture_output=True, text=True, timeout=60)
+        assert val.returncode == 1
+        assert val.stderr.count("\n") == 1
+        assert "Traceback" not in val.stderr
+        assert "max_batch_size, max_queue_delay_us, instances are unknown" in val.stderr
+        val = subprocess.run([sys.executable, "-m", "servelab", "validate", "--url", url,
+                              "--model", "stub", "--max-batch-size", "8",
+                              "--max-queue-delay-us", "100", "--instances", "1"],
+                             capture_output=True, text=True, timeout=60)
+        assert val.returncode == 1
+        assert "no per-batch-size statistics" in val.stderr
+
+
+@pytest.mark.slow
+def test_validate_serve_demo_end_to_end(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates", "100,400",
+         "--duration", "4", "--out", str(tmp_path / "v"), "--json"],
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    prof = report["profile"]
+    rows_ms = {int(k): v for k, v in prof["rows_ms"].items()}
+    assert sorted(rows_ms) == [1, 2, 4, 8, 16, 32]
+    # This MLP reads its weights once a batch and computes per row: 32 rows take longer
+    # than 1, but far less than 32 times as long.
+    assert rows_ms[1] < rows_ms[32] < 8 * rows_ms[1]
+    assert prof["per_request_ms"] >= 0
+    assert prof["outside_ms"]["samples"] == 500
+    fitted = load_scenario(tmp_path / "v" / "scenario.toml")
+    assert fitted.model.kind is ServiceKind.PROFILE
+    assert dict(fitted.model.points)[32] == pytest.approx(rows_ms[32], rel=1e-3)
+    assert fitted.batching.max_batch_size == 32
+    assert fitted.batching.max_queue_delay_microseconds == 2000
+    assert len(fitted.latency.network_samples_ms) == 500
+    assert (tmp_path / "v" / "validation.html").stat().st_size > 1000
+    assert (tmp_path / "v" / "plotly.min.js").exists()  # the page opens offline
+    assert [r["rate_per_s"] for r in report["rates"]] == [100, 400]
+    for r in report["rates"]:
+        c = r["compare"]
+        assert r["measured"]["errors"] == 0
+        assert c["throughput_per_s"]["error"] == pytest.approx(0, abs=0.05)
+        # Loose bounds (CI machines are noisy; the README records the real figures): a
+        # simulator fitted wrongly (policy, profile, outside time) misses these by far.
+        assert abs(c["mean_batch"]["error"]) < 0.25, c
+        assert abs(c["p50_ms"]["error"]) < 0.25, c
