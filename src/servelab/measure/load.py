@@ -128,6 +128,35 @@ def entity_bodies(meta: dict[str, Any], path: str, n: int) -> list[bytes]:
         for c in names]}).encode() for i in range(min(n, rows))]
 
 
+def cpu_times() -> tuple[float, float, float, int]:
+    """(wall s, this process's CPU s, the machine's busy CPU s, CPUs); the machine's
+    figures from Linux's /proc/stat (0 where there is none)."""
+    import os
+    import resource
+    import time
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    busy = 0.0
+    try:
+        with open("/proc/stat") as fh:
+            f = [float(x) for x in fh.readline().split()[1:]]
+        busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
+    except (OSError, ValueError, IndexError):
+        busy = 0.0
+    return time.monotonic(), ru.ru_utime + ru.ru_stime, busy, os.cpu_count() or 1
+
+
+def cpu_use(a: tuple[float, float, float, int], b: tuple[float, float, float, int]
+            ) -> dict[str, float]:
+    """How busy the machine's CPUs were over a run, and how many cores the load generator
+    itself used: on one machine the client competes with the server for them."""
+    wall = max(b[0] - a[0], 1e-9)
+    out = {"client_cpu_cores": (b[1] - a[1]) / wall}
+    if b[2] > 0:
+        out["host_cpu_busy"] = min((b[2] - a[2]) / wall / b[3], 1.0)
+    return out
+
+
 def server_stats(t: Target) -> dict[str, float] | None:
     """Cumulative counts and times from the server's v2 statistics (None if refused)."""
     try:
@@ -156,6 +185,7 @@ def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float
         reqs.append(http_request(t.host, t.port, f"/v2/models/{t.model}/infer", body,
                                  headers))
     before = server_stats(t)
+    cpu0 = cpu_times()
     if concurrency is not None:
         res = asyncio.run(run_closed_loop(t.host, t.port, reqs, concurrency, n))
     else:
@@ -164,10 +194,12 @@ def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float
                        else constant_offsets(rate, n))
         res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets,
                                         max_connections=max_connections))
+    cpu1 = cpu_times()
     after = server_stats(t)
     row: dict[str, Any] = {"offered_per_s": rate, "concurrency": concurrency,
                            **res.summary(), "errors_by_reason": dict(res.errors),
-                           "behind_requests": int((res.behind_ms > 1.0).sum())}
+                           "behind_requests": int((res.behind_ms > 1.0).sum()),
+                           **cpu_use(cpu0, cpu1)}
     if before is not None and after is not None:
         d = {k: after[k] - before[k] for k in after}
         ok = max(d["success"], 1)

@@ -63,6 +63,7 @@ TOLERANCE = {"mean_batch": 0.10, "p50_ms": 0.10, "p90_ms": 0.15, "p99_ms": 0.20,
 MAX_RATES = 20
 MAX_OUTSIDE_SAMPLES = 20_000
 OUTSIDE_RATE = 100.0  # requests/s while measuring the time outside the server
+HOST_BUSY_NOTE = 0.5  # a machine busier than this is noted: the client competes
 SATURATION_SECONDS = 2.0  # of load per step while looking for saturation
 MIN_BATCHES = 5  # executions of one size before its mean is a profile point
 
@@ -389,6 +390,12 @@ def notes_for(rows: list[dict[str, Any]]) -> list[str]:
             notes.append(f"at {r['rate_per_s']:g}/s the load generator fell behind (p99 "
                          f"{r['measured']['behind_p99_ms']:.1f} ms late): the client, not "
                          "only the server, shapes that row")
+        busy = r["measured"].get("host_cpu_busy")
+        if busy is not None and busy > HOST_BUSY_NOTE:
+            notes.append(f"at {r['rate_per_s']:g}/s this machine's CPUs were {busy:.0%} busy "
+                         f"(the load generator used {r['measured']['client_cpu_cores']:.2f} "
+                         "cores): client and server competed for them, which the simulator "
+                         "does not model; measure from another machine to remove it")
         if r["measured"].get("errors"):
             notes.append(f"at {r['rate_per_s']:g}/s {r['measured']['errors']} requests failed:"
                          f" {r['measured']['errors_by_reason']}")
