@@ -82,4 +82,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        import uvloop  # the same loop servelab's gateway runs on, when installed
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())

@@ -138,7 +138,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("kv", "paging"): [*KV, "--qps", "--iteration-ms", "--pool-tokens", "--max-len",
                        "--prefix-tokens", "--lengths", "--seed"],
     ("load",): ["--qps", "--rates", "--duration", "--num-requests", "--connections",
-                "--model", "--url", "--seed", "--concurrency", "--arrival"],
+                "--model", "--url", "--seed", "--concurrency", "--arrival", "--trace"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out"],
 }

@@ -122,3 +122,36 @@ def test_validate_serve_demo_end_to_end(tmp_path):
         # simulator fitted wrongly (policy, profile, outside time) misses these by far.
         assert abs(c["mean_batch"]["error"]) < 0.25, c
         assert abs(c["p50_ms"]["error"]) < 0.25, c
+
+
+def test_load_replays_a_trace_and_sweeps_a_rate_range(tmp_path):
+    trace = tmp_path / "arrivals.csv"
+    # 50 arrivals: a burst of 10 at t = 0.5 s, the rest evenly spread over 1 s
+    times = sorted([0.5] * 10 + [i / 40 for i in range(40)])
+    trace.write_text("arrival_ms\n" + "\n".join(f"{t * 1e3:.3f}" for t in times) + "\n")
+    port, proc = stub("--delay-ms", "10")
+    with proc:
+        url = f"http://127.0.0.1:{port}"
+        out = subprocess.run([sys.executable, "-m", "servelab", "load", "--url", url,
+                              "--model", "stub", "--arrival", "trace", "--trace", str(trace),
+                              "--json"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        [row] = json.loads(out.stdout)
+        assert row["requests"] == 50
+        assert row["ok"] == 50
+        # the burst of 10 left together: ten connections at once, none waits for another
+        assert row["p99_ms"] < 30
+        sweep = subprocess.run([sys.executable, "-m", "servelab", "load", "--url", url,
+                                "--model", "stub", "--rates", "50:150:3", "--duration", "1",
+                                "--json"], capture_output=True, text=True, timeout=120)
+        assert sweep.returncode == 0, sweep.stderr
+        assert [r["offered_per_s"] for r in json.loads(sweep.stdout)] == [50, 100, 150]
+        for bad in (["--rates", "1:2:0"], ["--rates", "a:b:c"], ["--arrival", "trace"],
+                    ["--trace", str(trace)], ["--arrival", "trace", "--trace",
+                                              str(tmp_path / "none.csv")]):
+            r = subprocess.run([sys.executable, "-m", "servelab", "load", "--url", url,
+                                "--model", "stub", *bad], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 1, (bad, r.stderr)
+            assert r.stderr.count("\n") == 1
+            assert "Traceback" not in r.stderr

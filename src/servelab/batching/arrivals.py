@@ -18,11 +18,11 @@ NS_PER_S = 1_000_000_000
 _TRACE_UNITS = {"arrival_s": 1e9, "arrival_ms": 1e6, "arrival_us": 1e3, "timestamp": 1e9}
 
 
-def load_trace(path: Path) -> np.ndarray:
+def load_trace(path: Path, field: str = "[workload] trace_csv") -> np.ndarray:
     """Arrival times from a CSV: a column named arrival_s, arrival_ms, arrival_us or
     timestamp (seconds), or a single unnamed column of seconds. Sorted on load, and
     shifted so the first arrival is at 0 (epoch timestamps would not fit in int64 ns)."""
-    text = read_text(path, "[workload] trace_csv", what="CSV of arrival times")
+    text = read_text(path, field, what="CSV of arrival times")
     try:
         rows = []
         for row in csv.reader(io.StringIO(text, newline="")):
@@ -30,10 +30,10 @@ def load_trace(path: Path) -> np.ndarray:
             if len(rows) > MAX_REQUESTS + 1:
                 break
     except csv.Error as exc:
-        raise InputError(f"[workload] trace_csv = {cut(str(path))!r}: not a CSV ({exc}); "
+        raise InputError(f"{field} = {cut(str(path))!r}: not a CSV ({exc}); "
                          "fix: one arrival time per row") from None
     if not rows:
-        raise invalid("[workload] trace_csv", str(path), "at least one arrival", "add rows")
+        raise invalid(field, str(path), "at least one arrival", "add rows")
     header = [h.strip().lower() for h in rows[0]]
     col, scale, body = 0, 1e9, rows
     named = [h for h in header if h in _TRACE_UNITS]
@@ -43,19 +43,19 @@ def load_trace(path: Path) -> np.ndarray:
         try:
             float(rows[0][0])
         except (ValueError, IndexError):
-            raise invalid("[workload] trace_csv", f"{path} header {rows[0]}",
+            raise invalid(field, f"{path} header {rows[0]}",
                           f"a column named one of {', '.join(_TRACE_UNITS)}",
                           "rename the arrival-time column, e.g. arrival_s") from None
     try:
         t = np.array([float(r[col]) for r in body if r], dtype=np.float64)
     except (ValueError, IndexError) as exc:
-        raise InputError(f"[workload] trace_csv = {cut(str(path))!r}: a row is not a number "
+        raise InputError(f"{field} = {cut(str(path))!r}: a row is not a number "
                          f"({cut(str(exc), 80)}); fix: every row needs a numeric arrival time"
                          ) from None
     if t.size == 0 or not np.all(np.isfinite(t)) or t.min() < 0:
-        raise invalid("[workload] trace_csv", str(path), "finite arrival times >= 0",
+        raise invalid(field, str(path), "finite arrival times >= 0",
                       "remove empty, negative or non-numeric rows")
-    return to_ns(t * (scale / 1e9), "[workload] trace_csv")
+    return to_ns(t * (scale / 1e9), field)
 
 
 def to_ns(seconds: np.ndarray, field: str) -> np.ndarray:

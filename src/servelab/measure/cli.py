@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,11 +28,16 @@ def load(
                    ] = "http://127.0.0.1:8000",
     qps: Annotated[float | None, typer.Option(help="Offered requests per second.")] = None,
     rates: Annotated[str | None, typer.Option(
-        help="Comma-separated rates for a sweep, e.g. 100,200,400.")] = None,
+        help="Rates for a sweep: 100,200,400, or START:STOP:STEPS (e.g. 100:1000:4).")
+                     ] = None,
     concurrency: Annotated[str | None, typer.Option(
         help="Closed loop instead: comma-separated client counts, e.g. 1,2,4,8.")] = None,
-    arrival: Annotated[str, typer.Option(help="Open-loop arrivals: poisson or constant.")
-                       ] = "poisson",
+    arrival: Annotated[str, typer.Option(
+        help="Open-loop arrivals: poisson, constant, or trace (--trace).")] = "poisson",
+    trace: Annotated[Path | None, typer.Option(
+        help="With --arrival trace: a CSV of arrival times (arrival_s, arrival_ms, "
+             "arrival_us or timestamp, or one column of seconds), replayed as recorded.")
+                     ] = None,
     binary: Annotated[bool, typer.Option(
         help="Send random inputs with the binary tensor extension.")] = False,
     duration: Annotated[float, typer.Option(help="Seconds per rate.")] = 10.0,
@@ -58,12 +66,26 @@ def load(
         random_bodies,
     )
 
+    if arrival not in ("poisson", "constant", "trace"):
+        raise invalid("--arrival", arrival, "poisson, constant or trace",
+                      "use --arrival poisson")
+    if (arrival == "trace") != (trace is not None):
+        raise invalid("--arrival trace/--trace", (arrival, trace), "both or neither",
+                      "give --arrival trace --trace arrivals.csv")
+    trace_s = None
+    if trace is not None:
+        from servelab.batching.arrivals import load_trace
+
+        trace_s = load_trace(trace, "--trace") / 1e9
+        if trace_s.size > 2_000_000 or trace_s[-1] > 3600:
+            raise invalid("--trace", str(trace), "at most 2,000,000 arrivals within 3,600 s",
+                          "cut the trace")
+        if qps is None and rates is None and concurrency is None:
+            qps = trace_s.size / max(float(trace_s[-1]), 1e-9)
     if sum(x is not None for x in (qps, rates, concurrency)) != 1:
         raise invalid("--qps/--rates/--concurrency", (qps, rates, concurrency),
                       "exactly one of them", "give --qps 500, --rates 100,200,400 or "
                       "--concurrency 1,2,4")
-    if arrival not in ("poisson", "constant"):
-        raise invalid("--arrival", arrival, "poisson or constant", "use --arrival poisson")
     clients: list[int] | None = None
     if concurrency is not None:
         try:
@@ -76,12 +98,7 @@ def load(
                           "1024", "e.g. --concurrency 1,2,4")
         grid = [0.0] * len(clients)
     else:
-        try:
-            grid = [qps] if qps is not None else [float(x) for x in str(rates).split(",")
-                                                  if x.strip()]
-        except ValueError:
-            raise invalid("--rates", rates, "comma-separated numbers",
-                          "e.g. --rates 100,200") from None
+        grid = [qps] if qps is not None else parse_rates(str(rates))
         if not grid or len(grid) > MAX_RATES or not all(0 < r <= 1e6 for r in grid):
             raise invalid("--rates" if rates else "--qps", rates or qps,
                           f"1 to {MAX_RATES} rates from above 0 to 1e6 per second",
@@ -105,13 +122,18 @@ def load(
         if c is not None and num_requests is None:
             raise invalid("--num-requests", None, "a count with --concurrency",
                           "e.g. --concurrency 4 --num-requests 2000")
-        n = num_requests or max(1, int(rate * duration))
+        offsets = None
+        if trace_s is not None:
+            offsets = trace_s[:num_requests] if num_requests else trace_s
+        n = offsets.size if offsets is not None else (num_requests or max(1, int(rate * duration)))
         if n > 2_000_000:
             raise invalid("--duration", duration, f"a run of at most 2,000,000 requests "
                           f"({n:,} at {rate:g}/s)", "shorten --duration")
-        stderr.print(f"load: {f'{c} clients' if c else f'{rate:g}/s'}, {n:,} requests...",
-                     highlight=False)
-        row = measure_rate(target, bodies, rate, n, seed, connections, arrival, c)
+        what = f"{c} clients" if c else ("the trace" if trace_s is not None else f"{rate:g}/s")
+        stderr.print(f"load: {what}, {n:,} requests...", highlight=False)
+        with progress_bar(n) as counter:
+            row = measure_rate(target, bodies, rate, n, seed, connections, arrival, c,
+                               offsets=offsets, counter=counter)
         if row["behind_p99_ms"] > 1.0:
             stderr.print(f"warning: the client fell behind at {rate:g}/s (p99 "
                          f"{row['behind_p99_ms']:.1f} ms late); latencies still count from "
@@ -145,6 +167,54 @@ def load(
                          highlight=False)
 
 
+def parse_rates(text: str) -> list[float]:
+    """100,200,400 or START:STOP:STEPS (evenly spaced, both ends included)."""
+    fix = "e.g. --rates 100,200,400 or --rates 100:1000:4"
+    try:
+        if ":" in text:
+            start, stop, steps = text.split(":")
+            k = int(steps)
+            if not 1 <= k <= MAX_RATES:
+                raise invalid("--rates", text, f"1 to {MAX_RATES} steps", fix)
+            a, b = float(start), float(stop)
+            grid = [a] if k == 1 else [a + (b - a) * i / (k - 1) for i in range(k)]
+        else:
+            grid = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise invalid("--rates", text, "comma-separated numbers or START:STOP:STEPS",
+                      fix) from None
+    if not grid or len(grid) > MAX_RATES or not all(0 < r <= 1e6 for r in grid):
+        raise invalid("--rates", text, f"1 to {MAX_RATES} rates from above 0 to 1e6 per second",
+                      fix)
+    return grid
+
+
+@contextlib.contextmanager
+def progress_bar(total: int) -> Iterator[list[int]]:
+    """A progress bar on stderr (a terminal only) fed by a counter the run increments."""
+    counter = [0]
+    if not stderr.is_terminal:
+        yield counter
+        return
+    from rich.progress import Progress
+
+    stop = threading.Event()
+    with Progress(console=stderr, transient=True) as bar:
+        task = bar.add_task("requests answered", total=total)
+
+        def follow() -> None:
+            while not stop.wait(0.2):
+                bar.update(task, completed=counter[0])
+
+        t = threading.Thread(target=follow, daemon=True)
+        t.start()
+        try:
+            yield counter
+        finally:
+            stop.set()
+            t.join()
+
+
 def validate(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="Model name on the server (with --serve: the name to serve "
@@ -155,8 +225,8 @@ def validate(
         help="Start servelab's own gateway for the run: PATH.onnx, or 'demo' for a built-in "
              "MLP (3 x 2048 hidden, about 1.4 ms a batch of 1 here).")] = None,
     rates: Annotated[str | None, typer.Option(
-        help="Comma-separated rates to measure (default: 20%, 50% and 80% of the measured "
-             "saturation).")] = None,
+        help="Rates to measure: 200,500,800 or START:STOP:STEPS (default: 20%, 50% and "
+             "80% of the measured open-loop saturation).")] = None,
     duration: Annotated[float, typer.Option(help="Seconds of load per rate.")] = 10.0,
     max_batch_size: Annotated[int | None, typer.Option(
         help="Replace (or, without a config endpoint, give) max_batch_size.")] = None,
@@ -184,7 +254,6 @@ def validate(
     from servelab.measure.process import free_port, server_process
     from servelab.measure.validate import (
         TOLERANCE,
-        check_rates,
         fit_scenario,
         measure_and_predict,
         notes_for,
@@ -203,12 +272,7 @@ def validate(
         raise invalid("--duration", duration, "1 to 600 seconds per rate", "e.g. 10")
     grid: list[float] | None = None
     if rates is not None:
-        try:
-            parsed = [float(x) for x in rates.split(",") if x.strip()]
-        except ValueError:
-            raise invalid("--rates", rates, "comma-separated numbers",
-                          "e.g. --rates 200,500,800") from None
-        grid = check_rates(parsed)
+        grid = parse_rates(rates)
     if out is not None and out.exists() and not out.is_dir():
         raise invalid("--out", str(out), "a folder", "give a folder name")
     def say(message: str) -> None:

@@ -173,8 +173,8 @@ def server_stats(t: Target) -> dict[str, float] | None:
 
 def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float, n: int,
                  seed: int, max_connections: int, arrival: str = "poisson",
-                 concurrency: int | None = None, offsets: np.ndarray | None = None
-                 ) -> dict[str, Any]:
+                 concurrency: int | None = None, offsets: np.ndarray | None = None,
+                 counter: list[int] | None = None) -> dict[str, Any]:
     """One step of a sweep: open loop at `rate` (Poisson or constant, or the given
     intended send times), or closed loop with `concurrency` clients; the server's
     statistics before and after."""
@@ -187,13 +187,14 @@ def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float
     before = server_stats(t)
     cpu0 = cpu_times()
     if concurrency is not None:
-        res = asyncio.run(run_closed_loop(t.host, t.port, reqs, concurrency, n))
+        res = asyncio.run(run_closed_loop(t.host, t.port, reqs, concurrency, n,
+                                          counter=counter))
     else:
         if offsets is None:
             offsets = (poisson_offsets(rate, n, seed) if arrival == "poisson"
                        else constant_offsets(rate, n))
         res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets,
-                                        max_connections=max_connections))
+                                        max_connections=max_connections, counter=counter))
     cpu1 = cpu_times()
     after = server_stats(t)
     row: dict[str, Any] = {"offered_per_s": rate, "concurrency": concurrency,

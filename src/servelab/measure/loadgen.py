@@ -146,9 +146,11 @@ async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
 
 
 async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: np.ndarray,
-                        *, max_connections: int = 256, timeout_s: float = 30.0
-                        ) -> LoadResult:
-    """Send requests[i % len(requests)] at offsets_s[i] seconds from now; wait for all."""
+                        *, max_connections: int = 256, timeout_s: float = 30.0,
+                        counter: list[int] | None = None) -> LoadResult:
+    """Send requests[i % len(requests)] at offsets_s[i] seconds from now; wait for all.
+    `counter[0]` counts answers as they come (for a progress bar)."""
+    counter = counter if counter is not None else [0]
     n = offsets_s.size
     intended = np.rint(offsets_s * 1e9).astype(np.int64)
     sent = np.zeros(n, np.int64)
@@ -191,6 +193,7 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
             if conn is not None:
                 idle.append((conn, end))
             done[i] = end - t0
+            counter[0] += 1
 
     # Send times come from a thread sleeping with the OS's fine timer: the event loop's
     # own timers round up to whole milliseconds (epoll), which would make every request
@@ -230,7 +233,8 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
 
 
 async def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: int,
-                          n: int, *, timeout_s: float = 30.0) -> LoadResult:
+                          n: int, *, timeout_s: float = 30.0,
+                          counter: list[int] | None = None) -> LoadResult:
     """`concurrency` clients, each sending its next request when the last is answered,
     `n` requests in all (perf_analyzer's --concurrency-range mode). Latency counts from
     each actual send: in a closed loop the intended time is the send time."""
@@ -250,6 +254,8 @@ async def run_closed_loop(host: str, port: int, requests: list[bytes], concurren
             status[i], conn = await _exchange(host, port, conn, requests[i % len(requests)],
                                               timeout_s, errors)
             done[i] = time.monotonic_ns() - t0
+            if counter is not None:
+                counter[0] += 1
         if conn is not None:
             conn[1].close()
 

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from servelab.errors import InputError, StoreError, cut
+from servelab.errors import InputError, StoreError
 from servelab.measure.load import (
     Target,
     measure_rate,
@@ -60,7 +60,6 @@ from servelab.scenario import (
 # fraction of a millisecond at low load, where a relative error means little).
 TOLERANCE = {"mean_batch": 0.10, "p50_ms": 0.10, "p90_ms": 0.15, "p99_ms": 0.20,
              "throughput_per_s": 0.05}
-MAX_RATES = 20
 MAX_OUTSIDE_SAMPLES = 20_000
 OUTSIDE_RATE = 100.0  # requests/s while measuring the time outside the server
 HOST_BUSY_NOTE = 0.5  # a machine busier than this is noted: the client competes
@@ -411,13 +410,6 @@ def verdict(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
                               f"measured {c['measured']:.3g} ({c['error']:+.0%}, tolerance "
                               f"±{c['tolerance']:.0%})")
     return not misses, misses
-
-
-def check_rates(rates: list[float]) -> list[float]:
-    if not rates or len(rates) > MAX_RATES or not all(0 < r <= 1e6 for r in rates):
-        raise InputError(f"--rates = {cut(str(rates))}: expected 1 to {MAX_RATES} rates "
-                         "from above 0 to 1e6 per second; fix: e.g. --rates 200,500,800")
-    return rates
 
 
 FIGURES = (("mean_batch", "mean batch (requests)"), ("p50_ms", "p50 latency (ms)"),
