@@ -1,5 +1,6 @@
 """servelab: plan, simulate and measure ML and LLM inference serving."""
 
+from servelab import drift
 from servelab.api import load, run_plan, run_simulate, run_sweep
 from servelab.errors import ConfigError, InputError, ServelabError, StoreError
 from servelab.scenario import Scenario, load_scenario, scenario_from_dict, scenario_to_toml
@@ -12,6 +13,7 @@ __all__ = [
     "Scenario",
     "ServelabError",
     "StoreError",
+    "drift",
     "load",
     "load_scenario",
     "run_plan",

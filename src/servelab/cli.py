@@ -206,6 +206,7 @@ kv_app = typer.Typer(help="LLM KV cache: sizing, pool capacity, paged vs contigu
                      invoke_without_command=True, no_args_is_help=False)
 app.add_typer(kv_app, name="kv")
 
+from servelab.drift_cli import drift as drift_command  # noqa: E402
 from servelab.features.cli import app as features_app  # noqa: E402
 from servelab.gateway.cli import serve as serve_command  # noqa: E402
 from servelab.measure.cli import load as load_command  # noqa: E402
@@ -215,6 +216,7 @@ app.add_typer(features_app, name="features")
 app.command("serve")(serve_command)
 app.command("load")(load_command)
 app.command("validate")(validate_command)
+app.command("drift")(drift_command)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]
 KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype",
