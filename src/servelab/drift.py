@@ -240,11 +240,12 @@ def feature_drift(name: str, reference: np.ndarray, current: np.ndarray, *,
     b = binning or fit_binning(reference, bins)
     rc, _ = count(reference, b)
     cc, new = count(current, b)
-    return _result(name, b, rc, cc, new, epsilon, warn, alert)
+    return result_from_counts(name, b, rc, cc, new, epsilon, warn, alert)
 
 
-def _result(name: str, b: Binning, rc: np.ndarray, cc: np.ndarray, new: int,
+def result_from_counts(name: str, b: Binning, rc: np.ndarray, cc: np.ndarray, new: int,
             epsilon: float, warn: float, alert: float) -> FeatureDrift:
+    """A feature's drift from its bin counts on each side (the last bin is missing)."""
     value, rs, cs, terms = psi_from_counts(rc, cc, epsilon)
     n_ref, n_cur = int(rc.sum()), int(cc.sum())
     occupied = int(((rc > 0) | (cc > 0)).sum())

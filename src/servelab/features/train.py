@@ -97,8 +97,10 @@ def export_onnx(path: Path, mean: np.ndarray, std: np.ndarray, w: np.ndarray, b:
 
 
 def train(repo: Repo, service: str, labels: str | Path, label: str, out: str | Path,
-          engine: str | None = None) -> TrainReport:
-    """Historical features for the label rows -> logistic regression -> ONNX at `out`."""
+          engine: str | None = None, training_set_out: str | Path | None = None
+          ) -> TrainReport:
+    """Historical features for the label rows -> logistic regression -> ONNX at `out`;
+    the training set itself to `training_set_out` (Parquet), the reference for drift."""
     import pyarrow.compute as pc
 
     from servelab.features.offline import get_historical_features
@@ -107,6 +109,10 @@ def train(repo: Repo, service: str, labels: str | Path, label: str, out: str | P
         raise InputError(f"--service = {cut(service)!r}: not in the repo; expected one of "
                          f"{', '.join(sorted(repo.services)) or '(none)'}")
     table = get_historical_features(repo, labels, [f"service:{service}"], engine=engine)
+    if training_set_out is not None:
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, str(training_set_out))
     if label not in table.column_names:
         raise InputError(f"--label = {cut(label)!r}: not a column of the label rows; expected "
                          f"one of {', '.join(table.column_names)}")

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servelab.errors import InputError, ServelabError, StoreError, cut
 from servelab.gateway.batcher import AsyncBatcher
+from servelab.gateway.drift_monitor import DriftMonitor
 from servelab.gateway.join import FeatureJoin
 from servelab.gateway.log import ServedLog
 from servelab.gateway.protocol import build_response, parse_request
@@ -161,6 +162,15 @@ class Metrics:
                                  labels, registry=r)
         self.log_written = Gauge("servelab_served_log_rows",
                                  "Served rows written to the log", labels, registry=r)
+        drift_labels = [*labels, "feature"]
+        self.psi = Gauge("servelab_feature_psi", "PSI of the served window of a feature "
+                         "against the drift reference", drift_labels, registry=r)
+        self.psi_chance = Gauge("servelab_feature_psi_chance_p99", "PSI that two samples of "
+                                "one distribution exceed 1 time in 100 at these sizes",
+                                drift_labels, registry=r)
+        self.drift_status = Gauge("servelab_feature_drift_status", "0 ok, 1 warn, 2 alert "
+                                  "(warn and alert only above the chance level)",
+                                  drift_labels, registry=r)
 
     def inc(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
         self.triton.inc(name, labels, amount)
@@ -172,7 +182,7 @@ class ServedModel:
 
     def __init__(self, model: OnnxModel, policy: BatchingPolicy, instances: int,
                  metrics: Metrics, join: FeatureJoin | None = None,
-                 log: ServedLog | None = None) -> None:
+                 log: ServedLog | None = None, drift: DriftMonitor | None = None) -> None:
         self.model = model
         self.policy = policy
         self.instances = instances
@@ -194,6 +204,18 @@ class ServedModel:
         self.labels = {"model": model.name, "version": "1"}
         self.lock = threading.Lock()
         self.batcher = AsyncBatcher(policy, instances, self._execute)
+        self.drift = drift
+        if drift is not None:
+            drift.on_report.append(self._publish_drift)
+            drift.start()
+
+    def _publish_drift(self, report: Any) -> None:
+        m, lab = self.metrics, self.labels
+        for f in report.features:
+            m.psi.labels(**lab, feature=f.feature).set(f.psi)
+            m.psi_chance.labels(**lab, feature=f.feature).set(f.chance_psi_p99)
+            m.drift_status.labels(**lab, feature=f.feature).set(
+                ("ok", "warn", "alert").index(f.status))
 
     def _execute(self, requests: list[dict[str, np.ndarray]]) -> list[Any]:
         if self.join is not None:
@@ -213,6 +235,8 @@ class ServedModel:
         if not jr.kept:
             return results
         kept = [requests[i] for i in jr.kept]
+        if self.drift is not None:
+            self.drift.add(jr.features)
         outs, timing = self.model.run([{self.model.inputs[0].name: jr.features}])
         self._record(kept, timing)
         at = 0
@@ -408,6 +432,14 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
     @app.get("/v2/models/{name}/versions/{version}/stats")
     async def model_version_stats(name: str, version: str) -> Response:
         return json_response({"model_stats": [served(name).stats_json()]})
+
+    @app.get("/v2/models/{name}/drift")
+    async def model_drift(name: str) -> Response:
+        sm = served(name)
+        if sm.drift is None:
+            return error_response(f"model {cut(name, 80)!r} watches no drift; start "
+                                  "servelab serve with --drift-reference", 404)
+        return json_response(sm.drift.to_dict())
 
     @app.post("/v2/repository/index")
     async def repository_index() -> Response:

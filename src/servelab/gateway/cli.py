@@ -44,6 +44,13 @@ def serve(
     log_dir: Annotated[Path | None, typer.Option(
         help="Append every served row (keys, features, prediction) to Parquet files here.")
                        ] = None,
+    drift_reference: Annotated[Path | None, typer.Option(
+        help="Watch drift: PSI of the served features against this Parquet (the training "
+             "set; --demo uses its own), at /metrics and /v2/models/{m}/drift.")] = None,
+    drift_window: Annotated[int, typer.Option(
+        help="Served rows in the drift window (the latest ones).")] = 10_000,
+    drift_interval: Annotated[float, typer.Option(
+        help="Seconds between drift computations (off the request path).")] = 10.0,
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s", help="Take [batching] from this scenario TOML (or 'seed').")
                         ] = "seed",
@@ -101,6 +108,7 @@ def serve(
         feature_repo, feature_service, demo_model = build_demo(demo_dir)
         specs.append(("fraud", str(demo_model), policy))
         log_dir = log_dir or feature_repo / "served_log"
+        drift_reference = drift_reference or feature_repo / "training_set.parquet"
     if not specs:
         raise InputError("--model: none given; fix: --model NAME=PATH.onnx, "
                          "--model-repository DIR, or --demo")
@@ -116,10 +124,26 @@ def serve(
         join = FeatureJoin(load_repo(feature_repo), feature_service, store,
                            MissingPolicy(missing))
         join.store()  # reach the store now: a wrong URL fails here, not on the first request
+    reference = None
+    if drift_reference is not None:
+        from servelab.drift_cli import read_side
+
+        if join is None:
+            raise InputError("--drift-reference: drift is watched on joined features; fix: "
+                             "serve with --feature-repo and --feature-service (or --demo)")
+        reference = read_side(drift_reference, "--drift-reference", list(join.feature_names))
     metrics = Metrics()
-    served = [ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
-                          join=join, log=(ServedLog(log_dir, name) if log_dir else None))
-              for name, path, pol in specs]
+    served = []
+    for name, path, pol in specs:
+        monitor = None
+        if reference is not None and join is not None:
+            from servelab.gateway.drift_monitor import DriftMonitor
+
+            monitor = DriftMonitor(name, join.feature_names, reference, window=drift_window,
+                                   interval_s=drift_interval)
+        served.append(ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
+                                  join=join, log=(ServedLog(log_dir, name) if log_dir else None),
+                                  drift=monitor))
     app = create_gateway(served, allowed_hosts=allowed_hosts(host, allow_host),
                          metrics=metrics)
     check_can_listen(host, port)
@@ -155,6 +179,8 @@ def serve(
         for sm in served:
             if sm.log is not None:
                 sm.log.close()
+            if sm.drift is not None:
+                sm.drift.close()
         if join is not None:
             join.close()
         sys.stderr.flush()
@@ -187,7 +213,8 @@ def build_demo(directory: Path | None) -> tuple[Path, str, Path]:
     materialize(repo, s)
     s.close()
     model = root / "fraud_model_v1.onnx"
-    report = train(repo, "fraud_model_v1", root / "data" / "labels.parquet", "is_fraud", model)
+    report = train(repo, "fraud_model_v1", root / "data" / "labels.parquet", "is_fraud", model,
+                   training_set_out=root / "training_set.parquet")
     stderr.print(f"demo: trained on {report.rows:,} labelled transactions, training AUC "
                  f"{report.train_auc:.3f}", highlight=False)
     return root, "fraud_model_v1", model
