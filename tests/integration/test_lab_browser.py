@@ -201,3 +201,45 @@ def test_warnings_reach_the_page(browser, lab_url):
     assert page.is_hidden("#notes")
     assert watch.errors == []
     page.close()
+
+
+def test_drift_section_moves_with_its_sliders(browser, lab_url):
+    """Features and drift: the PSI read-out equals servelab.drift on the same sample, a
+    mean shift raises an alert, a tiny window of an unchanged feature does not, and the
+    parity of the example store shows."""
+    import urllib.request
+
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.body.dataset.driftReady === '1'", timeout=60_000)
+    assert page.text_content("#out-drift-status") == "ok"
+    assert page.text_content("#out-parity") == "identical"
+
+    def psi_now() -> float:
+        page.wait_for_timeout(400)
+        return float(page.get_attribute("#out-psi", "data-value") or "nan")
+
+    base = psi_now()
+    page.fill("#drift-shift", "1")  # one reference SD
+    page.dispatch_event("#drift-shift", "input")
+    page.wait_for_function("document.querySelector('#out-drift-status').textContent === "
+                           "'alert'", timeout=30_000)
+    shifted = psi_now()
+    assert shifted > 0.25 > base
+    body = json.dumps({"feature": "avg_amount_7d", "mean_shift": 1.0, "spread": 1.0,
+                       "missing": 0.0, "new_category": 0.0, "rows": 2000}).encode()
+    req = urllib.request.Request(lab_url + "/api/drift", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        assert json.loads(r.read())["psi"] == pytest.approx(shifted, rel=1e-12)
+    page.fill("#drift-shift", "0")
+    page.dispatch_event("#drift-shift", "input")
+    page.fill("#drift-rows", "50")
+    page.dispatch_event("#drift-rows", "input")
+    page.wait_for_function("document.querySelector('#out-drift-status').textContent === 'ok'",
+                           timeout=30_000)
+    assert "not significant" in (page.text_content("#out-drift-why") or "")
+    page.select_option("#drift-feature", "country")
+    assert page.is_disabled("#drift-shift")
+    assert not page.is_disabled("#drift-new")
+    assert page.query_selector("#chart-drift .main-svg") is not None
+    assert not watch.errors, watch.errors

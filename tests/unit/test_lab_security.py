@@ -323,3 +323,40 @@ def test_generated_toml(client, text):
     assert r.status_code in (200, 400), (r.status_code, text, r.text[:300])
     if r.status_code == 400:
         assert_json_error(r, 400)
+
+
+# ---------------------------------------------------------------------------
+# The drift section's endpoint: any body is a 200 or one JSON line with a 400
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "feature": st.one_of(st.sampled_from(["avg_amount_7d", "country", "risk_score"]),
+                             st.text(max_size=120)),
+        "mean_shift": st.one_of(st.floats(allow_nan=True), st.integers(), st.text(max_size=5)),
+        "spread": st.one_of(st.floats(allow_nan=True), st.none()),
+        "missing": st.floats(-1, 2),
+        "new_category": st.floats(-1, 2),
+        "rows": st.one_of(st.integers(-10, 10**9), st.floats()),
+        "seed": st.integers(-5, 2**40)}),
+    st.lists(st.integers(), max_size=3), st.text(max_size=20)))
+def test_drift_endpoint_takes_any_body(client, body):
+    r = client.post("/api/drift", json=body)
+    if r.status_code == 200:
+        d = r.json()
+        assert d["psi"] >= 0
+        assert d["status"] in ("ok", "warn", "alert")
+        assert 20 <= d["n_current"] <= 100_000
+    else:
+        assert_json_error(r, 400)
+
+
+def test_drift_meta_names_the_example_features_and_parity(client):
+    r = client.get("/api/drift/meta")
+    assert r.status_code == 200
+    d = r.json()
+    assert {f["name"] for f in d["features"]} >= {"avg_amount_7d", "risk_score", "country"}
+    assert d["parity"]["ok"] is True
+    assert d["parity"]["rows_checked"] > 0

@@ -27,6 +27,7 @@ from servelab.catalog import gpu_names
 from servelab.errors import InputError, ServelabError, cut
 from servelab.files import parse_toml
 from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
+from servelab.lab.drift_lab import DriftIn, DriftLab
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec, run_paging
@@ -201,19 +202,22 @@ def _paging(s: Scenario) -> dict[str, Any]:
     return out
 
 
-def _one_line_validation(exc: RequestValidationError) -> str:
+def _one_line_validation(exc: RequestValidationError, path: str) -> str:
+    example = ('{"feature": "avg_amount_7d", "mean_shift": 0.5}' if path == "/api/drift"
+               else '{"state": {"workload.qps": 2000}}')
     errs = exc.errors()
     if not errs:
-        return "request body: not what the API expects; fix: send {\"state\": {...}}"
+        return f"request body: not what the API expects; fix: send JSON like {example}"
     e = errs[0]
     where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
     return (f"request {cut(where, 60)}: {cut(str(e.get('msg', 'invalid')), 120)}; "
-            "fix: send JSON like {\"state\": {\"workload.qps\": 2000}}")
+            f"fix: send JSON like {example}")
 
 
 def create_app(config: LabConfig | None = None) -> FastAPI:
     """The lab's app. Files named by a page are read only inside `config.data_dir`."""
     cfg = config or LabConfig()
+    drift_lab = DriftLab()
     app = FastAPI(title="servelab lab", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(GuardMiddleware, allowed_hosts=cfg.allowed_hosts,
@@ -232,8 +236,8 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
         return error_response(str(exc), 400)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_body(_: Request, exc: RequestValidationError) -> Response:
-        return error_response(_one_line_validation(exc), 400)
+    async def bad_body(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(_one_line_validation(exc, request.url.path), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def httperror_response(request: Request, exc: StarletteHTTPException) -> Response:
@@ -288,6 +292,14 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
         # Only the LLM pool matters here: key the cache on it alone.
         return json_response(_paging(replace(Scenario(), hardware=s.hardware, llm=s.llm,
                                      base_dir=s.base_dir, sandbox=True)))
+
+    @app.get("/api/drift/meta")
+    def drift_meta() -> Response:
+        return json_response(drift_lab.meta())
+
+    @app.post("/api/drift")
+    def drift_update(body: DriftIn) -> Response:
+        return json_response(drift_lab.compute(body))
 
     @app.post("/api/parse")
     def parse(body: TomlIn) -> dict[str, Any]:

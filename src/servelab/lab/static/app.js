@@ -347,4 +347,77 @@ async function init() {
   refresh();
 }
 
+// -- Features and drift ------------------------------------------------------------------
+const DRIFT = { inFlight: false, dirty: false, meta: null };
+const DRIFT_SLIDERS = ["shift", "spread", "missing", "new", "rows"];
+
+function driftQuery() {
+  const v = (id) => Number($(`#drift-${id}`).value);
+  return { feature: $("#drift-feature").value, mean_shift: v("shift"), spread: v("spread"),
+    missing: v("missing"), new_category: v("new"), rows: v("rows") };
+}
+
+function driftKindControls() {
+  const f = DRIFT.meta.features.find((x) => x.name === $("#drift-feature").value);
+  const categorical = f && f.kind === "categorical";
+  $("#drift-shift").disabled = categorical;
+  $("#drift-spread").disabled = categorical;
+  $("#drift-new").disabled = !categorical;
+}
+
+async function driftRefresh() {
+  if (DRIFT.inFlight) { DRIFT.dirty = true; return; }
+  DRIFT.inFlight = true;
+  DRIFT.dirty = false;
+  try {
+    const d = await post("/api/drift", driftQuery());
+    $("#out-psi").textContent = d.psi.toFixed(4);
+    $("#out-psi").dataset.value = String(d.psi);
+    $("#out-psi-chance").textContent = d.chance_psi_p99.toFixed(4);
+    $("#out-drift-status").textContent = d.status;
+    $("#out-drift-status").dataset.status = d.status;
+    $("#out-drift-why").textContent = d.significant
+      ? `above chance (${d.n_current.toLocaleString()} rows vs ${d.n_reference.toLocaleString()})`
+      : `within chance for ${d.n_current.toLocaleString()} rows: not significant`;
+    const p = d.parity;
+    const bad = Object.values(p.mismatches).reduce((a, b) => a + b, 0);
+    $("#out-parity").textContent = p.ok ? "identical" : `${bad} mismatches`;
+    $("#out-parity-detail").textContent = `${p.rows_checked} entity rows × ${Object.keys(p.mismatches).length} features, online vs offline point-in-time at ${p.at.slice(0, 16)}`;
+    Plotly.react("chart-drift", [
+      { type: "bar", name: "reference", x: d.bins, y: d.reference_share, marker: { color: "#888" } },
+      { type: "bar", name: "current", x: d.bins, y: d.current_share, marker: { color: "#1f77b4" } },
+    ], { ...LAYOUT, barmode: "group", yaxis: { title: { text: "share of rows" }, tickformat: ".0%" },
+      xaxis: { title: { text: `${d.feature} bin` }, automargin: true } }, CONFIG);
+    $("#error").hidden = true;
+    document.body.dataset.driftReady = "1";
+  } catch (err) {
+    $("#error").textContent = err.message;
+    $("#error").hidden = false;
+  } finally {
+    DRIFT.inFlight = false;
+    if (DRIFT.dirty) driftRefresh();
+  }
+}
+
+async function driftInit() {
+  try {
+    DRIFT.meta = await (await fetch("/api/drift/meta")).json();
+  } catch (err) { $("#error").textContent = String(err); $("#error").hidden = false; return; }
+  const sel = $("#drift-feature");
+  sel.replaceChildren(...DRIFT.meta.features.map((f) => {
+    const o = document.createElement("option"); o.value = f.name; o.textContent = `${f.name} (${f.kind})`; return o;
+  }));
+  sel.value = "avg_amount_7d";
+  sel.addEventListener("change", () => { driftKindControls(); driftRefresh(); });
+  for (const id of DRIFT_SLIDERS) {
+    $(`#drift-${id}`).addEventListener("input", (e) => {
+      $(`#drift-${id}-v`).textContent = e.target.value;
+      driftRefresh();
+    });
+  }
+  driftKindControls();
+  driftRefresh();
+}
+
 init();
+driftInit();
