@@ -36,7 +36,7 @@ from tests.services import redis_server
 
 from servelab.features.definitions import load_repo
 from servelab.features.example import generate
-from servelab.features.materialize import materialize, to_us
+from servelab.features.materialization import materialize, to_us
 from servelab.features.offline import get_historical_features
 from servelab.features.online import entity_key, open_store
 

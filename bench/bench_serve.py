@@ -137,7 +137,7 @@ def main() -> None:
             (repo / "feature_repo.toml").write_text(
                 toml.replace('online = "sqlite"', f'online = "sqlite"\nredis_url = "{url}"'))
             from servelab.features.definitions import load_repo
-            from servelab.features.materialize import materialize
+            from servelab.features.materialization import materialize
             from servelab.features.online import open_store
 
             r = load_repo(repo)

@@ -22,7 +22,7 @@ import pytest
 
 from servelab.features.definitions import load_repo
 from servelab.features.example import generate
-from servelab.features.materialize import materialize, to_us
+from servelab.features.materialization import materialize, to_us
 from servelab.features.online import get_online_features, open_store
 from servelab.features.skew import skew
 from servelab.features.train import train

@@ -15,7 +15,7 @@ import pytest
 from servelab.errors import StoreError
 from servelab.features.definitions import load_repo
 from servelab.features.example import generate
-from servelab.features.materialize import materialize, parity, to_us
+from servelab.features.materialization import materialize, parity, to_us
 from servelab.features.online import OnlineRow, get_online_features, open_store
 
 T1 = datetime(2024, 5, 10, 12, tzinfo=UTC)

@@ -17,8 +17,8 @@ from typing import Any
 
 _WHERE = {
     "load_repo": "servelab.features.definitions",
-    "materialize": "servelab.features.materialize",
-    "parity": "servelab.features.materialize",
+    "materialize": "servelab.features.materialization",
+    "parity": "servelab.features.materialization",
     "get_historical_features": "servelab.features.offline",
     "get_online_features": "servelab.features.online",
     "open_store": "servelab.features.online",
@@ -29,5 +29,7 @@ __all__ = sorted(_WHERE)
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value  # found directly from now on, the same object every time
+        return value
     raise AttributeError(f"module 'servelab.features' has no attribute {name!r}")

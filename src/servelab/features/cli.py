@@ -121,7 +121,7 @@ def materialize_cmd(
 ) -> None:
     """Copy the latest offline rows of a window into the online store (idempotent)."""
     from servelab.features.definitions import load_repo
-    from servelab.features.materialize import materialize, parse_time
+    from servelab.features.materialization import materialize, parse_time
     from servelab.features.online import open_store
     r = load_repo(repo)
     chosen = [name.strip() for name in views.split(",")] if views else None
@@ -187,7 +187,7 @@ def get_online(
     """Read features for entities from the online store, each value marked
     present, missing or expired."""
     from servelab.features.definitions import load_repo
-    from servelab.features.materialize import parse_time, to_us
+    from servelab.features.materialization import parse_time, to_us
     from servelab.features.online import get_online_features, open_store
     r = load_repo(repo)
     s = open_store(r, store)
@@ -273,7 +273,7 @@ def parity_cmd(
 ) -> None:
     """Online values served at a time against offline point-in-time values at that time."""
     from servelab.features.definitions import load_repo
-    from servelab.features.materialize import parity, parse_time
+    from servelab.features.materialization import parity, parse_time
     from servelab.features.online import open_store
     if not 1 <= sample <= 1_000_000:
         raise invalid("--sample", sample, "a whole number from 1 to 1,000,000",
@@ -313,7 +313,7 @@ def bench(
     """Online-read latency for 1 and 100 entities (p50, p99): a feature-fetch figure for a
     serving scenario's latency budget."""
     from servelab.features.definitions import load_repo
-    from servelab.features.materialize import to_us
+    from servelab.features.materialization import to_us
     from servelab.features.online import open_store
     if not 1 <= reads <= 1_000_000:
         raise invalid("--reads", reads, "a whole number from 1 to 1,000,000",

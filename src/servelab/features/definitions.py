@@ -139,6 +139,34 @@ def _check_keys(where: str, raw: dict[str, Any], allowed: set[str]) -> None:
             raise unknown_key(where, key, allowed)
 
 
+MAX_TTL_S = 100 * 365 * 86_400  # a century: beyond it, leave ttl_s out (unlimited)
+KEY_DTYPES = ("int32", "int64", "string")
+
+
+def _key_dtype(where: str, name: str) -> str:
+    """Join keys are whole numbers or strings: a float key (1.0 vs 1) or a bool key would
+    not round-trip as the same stored key, so they are refused here, not lost later."""
+    if name not in KEY_DTYPES:
+        raise invalid(where, name, f"a join key type: one of {', '.join(KEY_DTYPES)}",
+                      "use int64 (or string) keys; cast float or bool ids in the source")
+    return name
+
+
+def _redis_url(raw: Any) -> str:
+    url = str(raw)
+    if not isinstance(raw, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise invalid("[project] redis_url", raw, "a URL starting redis://, rediss:// or "
+                      "unix://", 'write redis_url = "redis://127.0.0.1:6379/0"')
+    return url
+
+
+def _timeout(raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0.01 <= raw <= 600:
+        raise invalid("[project] redis_timeout_s", raw, "a number of seconds from 0.01 to 600",
+                      "write redis_timeout_s = 2.0")
+    return float(raw)
+
+
 def _dtype(where: str, name: str) -> str:
     if name not in DTYPES:
         raise invalid(where, name, f"one of {', '.join(DTYPES)}", "use int64, float64 or string")
@@ -206,8 +234,8 @@ def _repo(raw: dict[str, Any], root: Path) -> Repo:
         spark_master=str(proj.get("spark_master", "local[*]")),
         online=proj.get("online", "sqlite"),
         sqlite_path=str(sqlite_path if sqlite_path.is_absolute() else root / sqlite_path),
-        redis_url=str(proj.get("redis_url", "redis://127.0.0.1:6379/0")),
-        redis_timeout_s=float(proj.get("redis_timeout_s", 2.0)),
+        redis_url=_redis_url(proj.get("redis_url", "redis://127.0.0.1:6379/0")),
+        redis_timeout_s=_timeout(proj.get("redis_timeout_s", 2.0)),
     )
     entities: dict[str, Entity] = {}
     for name, e in raw.get("entities", {}).items():
@@ -219,7 +247,7 @@ def _repo(raw: dict[str, Any], root: Path) -> Repo:
                           'write join_keys = ["user_id"]')
         dtypes = e.get("dtypes", {})
         entities[name] = Entity(name, tuple(keys), tuple(
-            (k, _dtype(f"{where} dtypes.{k}", dtypes.get(k, "int64"))) for k in keys))
+            (k, _key_dtype(f"{where} dtypes.{k}", dtypes.get(k, "int64"))) for k in keys))
     views: dict[str, FeatureView] = {}
     for name, v in raw.get("views", {}).items():
         where = f"[views.{name}]"
@@ -235,7 +263,8 @@ def _repo(raw: dict[str, Any], root: Path) -> Repo:
             raise invalid(f"{where} features", feats, "a table of feature -> dtype",
                           "write features = { txn_count_7d = \"int64\" }")
         ttl = v.get("ttl_s")
-        if ttl is not None and (not isinstance(ttl, int | float) or ttl < 0):
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)
+                                or not 0 <= ttl <= MAX_TTL_S):
             raise invalid(f"{where} ttl_s", ttl, "seconds >= 0 (0: unlimited)", "set ttl_s = 86400")
         join_keys = tuple(k for en in ents for k in entities[en].join_keys)
         views[name] = FeatureView(

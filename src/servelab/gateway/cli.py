@@ -196,7 +196,7 @@ def build_demo(directory: Path | None) -> tuple[Path, str, Path]:
 
     from servelab.features.definitions import load_repo
     from servelab.features.example import generate
-    from servelab.features.materialize import materialize
+    from servelab.features.materialization import materialize
     from servelab.features.online import open_store
     from servelab.features.train import train
 

@@ -53,7 +53,7 @@ class DriftLab:
                 return
             from servelab.features.definitions import load_repo
             from servelab.features.example import generate
-            from servelab.features.materialize import materialize, parity
+            from servelab.features.materialization import materialize, parity
             from servelab.features.offline import get_historical_features
             from servelab.features.online import open_store
 

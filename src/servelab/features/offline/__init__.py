@@ -63,20 +63,24 @@ def read_entity_rows(rows: Any) -> pa.Table:
 
 
 def to_utc(col: pa.ChunkedArray | pa.Array, where: str) -> pa.ChunkedArray | pa.Array:
-    """A timestamp column as timestamp[us, UTC]: naive means UTC, aware is converted."""
+    """A timestamp column as timestamp[us, UTC]: naive means UTC, aware is converted.
+
+    Times are kept to the microsecond, as feature timestamps are: a finer part is
+    dropped (floored), which changes no point-in-time result, since a feature time t in
+    whole microseconds is <= an entity time e exactly when it is <= floor(e)."""
     t = col.type
     if pa.types.is_timestamp(t):
+        us = col.cast(pa.timestamp("us", tz=t.tz), safe=False) if t.unit == "ns" else col
         if t.tz is None:
-            return pc.assume_timezone(col.cast(pa.timestamp("us")), "UTC").cast(UTC_US)
-        return col.cast(UTC_US)
+            return pc.assume_timezone(us.cast(pa.timestamp("us")), "UTC").cast(UTC_US)
+        return us.cast(UTC_US)
     if pa.types.is_date(t):
         return pc.assume_timezone(col.cast(pa.timestamp("us")), "UTC").cast(UTC_US)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        try:
-            return col.cast(UTC_US)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            try:  # no offset in the strings: naive, so UTC
-                return pc.assume_timezone(col.cast(pa.timestamp("us")), "UTC").cast(UTC_US)
+        for unit_type in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns"), UTC_US,
+                          pa.timestamp("us")):
+            try:  # with an offset in the text, then without one (naive, so UTC)
+                return to_utc(col.cast(unit_type), where)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 pass
     raise invalid(where, str(t), "a timestamp (or ISO-8601 text)",

@@ -61,8 +61,11 @@ def source_sql(view: FeatureView) -> str:
 class DuckDBEngine:
     def __init__(self, repo: Repo, con: duckdb.DuckDBPyConnection | None = None) -> None:
         self.repo = repo
+        # No progress bar: DuckDB prints it to stdout on long queries, where `--json` output
+        # goes.
         self.con = con or duckdb.connect()
         self.con.execute("SET TimeZone = 'UTC'")
+        self.con.execute("SET enable_progress_bar = false")
         self._checked: set[str] = set()
 
     def attach(self, view: FeatureView) -> None:

@@ -40,9 +40,11 @@ _FITS = {
 }
 
 
-def check_spark_schema(view: FeatureView, feats: list[str], dtypes: dict[str, str]) -> None:
-    """The source has the view's columns with types that fit (Spark would cast silently)."""
-    check_columns(view, feats, dtypes, _FITS, ("timestamp", "date"))
+def check_spark_schema(view: FeatureView, dtypes: dict[str, str]) -> None:
+    """The source has every one of the view's declared columns with types that fit (Spark
+    would cast silently), requested or not: the same contract as the DuckDB engine's, since
+    a source that lacks a declared feature is a broken definition either way."""
+    check_columns(view, view.feature_names, dtypes, _FITS, ("timestamp", "date"))
 
 
 class SparkEngine:
@@ -92,6 +94,7 @@ class SparkEngine:
         import duckdb  # a DuckDB table: read it through DuckDB, hand Spark the Arrow table
 
         with duckdb.connect(s.path, read_only=True) as con:
+            con.execute("SET enable_progress_bar = false")  # stdout is for --json
             return self.spark.createDataFrame(
                 con.sql(f'SELECT * FROM "{s.table}"').to_arrow_table())
 
@@ -110,7 +113,7 @@ class SparkEngine:
         result = ents.select(ROW)
         for view, feats in views.values():
             src = self.source(view)
-            check_spark_schema(view, feats, dict(src.dtypes))
+            check_spark_schema(view, dict(src.dtypes))
             s = src.select(
                 *[F.col(k).alias(f"__k_{k}") for k in view.join_keys],
                 F.col(view.timestamp).cast("timestamp").alias("__ts"),

@@ -51,6 +51,10 @@ def _encode(v: Any) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
 
+def _no_value(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
 class RedisStore:
     def __init__(self, url: str, project: str, timeout_s: float = 2.0) -> None:
         self.url = url
@@ -79,8 +83,9 @@ class RedisStore:
     def write(self, view: FeatureView, rows: list[OnlineRow]) -> tuple[int, int]:
         pipe = self.client.pipeline(transaction=False)
         for r in rows:
-            present = [(f, v) for f, v in r.values.items() if v is not None]
-            absent = [f for f, v in r.values.items() if v is None]
+            # A NaN is no value, as SQLite stores it (NULL): absent here too.
+            present = [(f, v) for f, v in r.values.items() if not _no_value(v)]
+            absent = [f for f, v in r.values.items() if _no_value(v)]
             args: list[Any] = [r.event_ts_us, r.created_ts_us, len(present)]
             for f, v in present:
                 args += [f, _encode(v)]

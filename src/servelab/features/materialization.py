@@ -207,7 +207,12 @@ def parity(repo: Repo, store: OnlineStore, *, at: datetime | None = None, sample
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal values, or both null. Values round-trip exactly (floats as repr), so no slack."""
-    if a is None or b is None:
-        return a is None and b is None
+    """Equal values, or both no value. A float NaN is no value, as both online stores keep
+    it (null), so it equals null. Values round-trip exactly (floats as repr): no slack."""
+    if _no_value(a) or _no_value(b):
+        return _no_value(a) and _no_value(b)
     return bool(a == b)
+
+
+def _no_value(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
