@@ -2,11 +2,12 @@
 
 1. Point-in-time join: 1M entity rows over two views of 2M rows each (one with a
    TTL): servelab's DuckDB engine vs a hand-written DuckDB ASOF JOIN vs pandas
-   merge_asof. All three must give the same values. Target: within 1.3x of the
-   raw ASOF join.
-2. Online reads of 10 features for 1 and for 100 entities: servelab's stores vs
-   raw sqlite3 (the same SELECT) and raw redis-py pipelined HMGET. Target:
-   within 1.5x of the raw store.
+   merge_asof. All three must give the same values. Target: within 1.2x of the
+   raw ASOF join. 1b: a view with a created column and event-time ties, against a raw
+   ASOF JOIN ordered by (event time, created time).
+2. Online reads of 10 features for 1 and for 100 entities through the public
+   get_online_features (values and per-feature status) vs raw sqlite3 (the same SELECT)
+   and raw redis-py pipelined HMGET. Target: within 1.2x of the raw store.
 3. Materialization rows per second into SQLite and Redis.
 
     python bench/bench_features.py [--entities 1000000] [--rows 2000000] [--reads 2000]
@@ -38,7 +39,7 @@ from servelab.features.definitions import load_repo
 from servelab.features.example import generate
 from servelab.features.materialization import materialize, to_us
 from servelab.features.offline import get_historical_features
-from servelab.features.online import entity_key, open_store
+from servelab.features.online import entity_key, get_online_features, open_store
 
 DAY_US = 86_400_000_000
 TTL_S = 3 * 86_400
@@ -151,9 +152,60 @@ def pit_bench(root: Path, n_entities: int, n_rows: int, repeat: int) -> None:
           f"(best of {repeat})")
     print(f"   servelab (DuckDB engine)      {t_ours:7.2f} s")
     print(f"   raw DuckDB ASOF JOIN          {t_raw:7.2f} s   servelab / raw = "
-          f"{t_ours / t_raw:.2f}x (target <= 1.3x)   same values: {same_raw}")
+          f"{t_ours / t_raw:.2f}x (target <= 1.2x)   same values: {same_raw}")
     print(f"   pandas merge_asof             {t_pandas:7.2f} s   pandas / servelab = "
           f"{t_pandas / t_ours:.2f}x   same values: {same_pd}")
+
+
+def pit_ties_bench(root: Path, n_entities: int, n_rows: int, repeat: int) -> None:
+    """The same join where a view has a created column and event times repeat: rows at one
+    event time are told apart by created time. The raw plan breaks the ties inside one
+    ASOF JOIN ordered by (event time, created time), as servelab's engine does."""
+    rng = np.random.default_rng(1)
+    start = np.datetime64("2024-01-01T00:00:00", "us")
+    span = 60 * DAY_US
+    users = 100_000
+    ts = start + rng.integers(0, span // 1_000_000, n_rows) * 1_000_000  # whole seconds: ties
+    cr = ts + rng.permutation(n_rows)  # distinct created times, so the answer is unique
+    pq.write_table(pa.table({"user_id": rng.integers(1, users + 1, n_rows), "ts": ts,
+                             "cr": cr, "u1": rng.random(n_rows)}), root / "ties.parquet")
+    entities = pa.table({
+        "user_id": rng.integers(1, users + 1, n_entities),
+        "event_timestamp": pa.array(start + rng.integers(0, span, n_entities)).cast(
+            pa.timestamp("us", tz="UTC"))})
+    (root / "feature_repo.toml").write_text(
+        '[project]\nname = "ties"\n[entities.user]\njoin_keys = ["user_id"]\n'
+        '[views.ties]\nentities = ["user"]\nsource = "ties.parquet"\ntimestamp = "ts"\n'
+        'created = "cr"\nfeatures = { u1 = "float64" }\n')
+    repo = load_repo(root)
+    ours: list[pa.Table] = []
+    t_ours = best(lambda: ours.append(get_historical_features(repo, entities, ["ties:u1"])),
+                  repeat)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    raw_sql = f"""
+        WITH e AS (SELECT *, row_number() OVER () AS rn,
+                          struct_pack(t := event_timestamp, c := 'infinity'::TIMESTAMPTZ) AS o
+                   FROM ent),
+        u AS (SELECT user_id, struct_pack(t := CAST(ts AS TIMESTAMPTZ),
+                                          c := CAST(cr AS TIMESTAMPTZ)) AS o, u1
+              FROM read_parquet('{root / "ties.parquet"}'))
+        SELECT e.user_id, e.event_timestamp, u.u1
+        FROM e ASOF LEFT JOIN u ON e.user_id = u.user_id AND e.o >= u.o ORDER BY e.rn"""
+    raw: list[pa.Table] = []
+
+    def raw_join() -> None:
+        con.register("ent", entities)
+        raw.append(con.sql(raw_sql).to_arrow_table())
+        con.unregister("ent")
+
+    t_raw = best(raw_join, repeat)
+    same = ours[-1]["u1"].to_pylist() == raw[-1]["u1"].to_pylist()
+    print(f"\n1b. the same with event-time ties told apart by created time, {n_entities:,} "
+          f"entity rows x 1 view of {n_rows:,} rows (best of {repeat})")
+    print(f"   servelab (DuckDB engine)      {t_ours:7.2f} s")
+    print(f"   raw ASOF JOIN on (ts, created) {t_raw:6.2f} s   servelab / raw = "
+          f"{t_ours / t_raw:.2f}x (target <= 1.2x)   same values: {same}")
 
 
 def percentiles(times: list[float]) -> tuple[float, float]:
@@ -183,6 +235,7 @@ def online_bench(root: Path, reads: int) -> None:
             summ = materialize(repo, store, end=end, views=["user_stats"])
             t_mat = time.perf_counter() - t0
             keys = [(u,) for u in range(1, 20_001)]
+            refs = [f"user_stats:{f}" for f in feats]
             if kind == "sqlite":
                 con = sqlite3.connect(repo.config.sqlite_path)
                 cols = ", ".join(f'"{f}"' for f in feats)
@@ -208,8 +261,9 @@ def online_bench(root: Path, reads: int) -> None:
                 for i in range(reads):
                     batch = [keys[(i * n + j) % len(keys)] for j in range(n)]
                     # Interleave the two, so machine noise hits both alike.
+                    cols = {"user_id": [k[0] for k in batch]}
                     t0 = time.perf_counter()
-                    store.read(view, batch, feats, now)
+                    get_online_features(repo, store, refs, cols, now)
                     t1 = time.perf_counter()
                     raw_read(batch)
                     t2 = time.perf_counter()
@@ -217,7 +271,7 @@ def online_bench(root: Path, reads: int) -> None:
                     raw_t.append(t2 - t1)
                 (o50, o99), (r50, r99) = percentiles(ours_t), percentiles(raw_t)
                 print(f"   {kind:6} {n:3} entities  servelab {o50:6.3f} / {o99:6.3f}   raw "
-                      f"{r50:6.3f} / {r99:6.3f}   p50 ratio {o50 / r50:.2f}x (target <= 1.5x)")
+                      f"{r50:6.3f} / {r99:6.3f}   p50 ratio {o50 / r50:.2f}x (target <= 1.2x)")
             rate = summ.rows_read / t_mat
             print(f"   {kind:6} materialization: {summ.rows_read:,} rows read, "
                   f"{summ.written:,} written in {t_mat:.2f} s = {rate:,.0f} rows/s")
@@ -235,6 +289,9 @@ def main() -> None:
         pit_dir, online_dir = Path(tmp, "pit"), Path(tmp, "online")
         pit_dir.mkdir()
         pit_bench(pit_dir, args.entities, args.rows, args.repeat)
+        ties_dir = Path(tmp, "ties")
+        ties_dir.mkdir()
+        pit_ties_bench(ties_dir, args.entities, args.rows, args.repeat)
         online_bench(online_dir, args.reads)
 
 

@@ -98,9 +98,22 @@ class Repo:
     entities: dict[str, Entity] = field(default_factory=dict)
     views: dict[str, FeatureView] = field(default_factory=dict)
     services: dict[str, FeatureService] = field(default_factory=dict)
+    # What callers derive from the definitions, kept (a repo does not change once loaded):
+    # resolved refs, the online read plans. Bounded: a cache past 10,000 entries is reset.
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def resolve(self, refs: list[str] | tuple[str, ...]) -> list[tuple[FeatureView, str]]:
         """`view:feature` refs (or a `service:NAME`) as (view, feature) pairs, in order."""
+        key = ("resolve", tuple(refs))
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = tuple(self._resolve(refs))
+            if len(self.cache) > 10_000:
+                self.cache.clear()
+            self.cache[key] = hit
+        return list(hit)
+
+    def _resolve(self, refs: list[str] | tuple[str, ...]) -> list[tuple[FeatureView, str]]:
         out: list[tuple[FeatureView, str]] = []
         for ref in refs:
             if ref.startswith("service:"):

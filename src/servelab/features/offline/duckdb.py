@@ -92,16 +92,19 @@ class DuckDBEngine:
         self._checked.add(view.name)
 
     def view_sql(self, view: FeatureView, features: list[str]) -> str:
+        """The view's rows for the ASOF join. With a created column, rows at one event time
+        are told apart inside the join itself: it orders by (event time, created time), so
+        of the rows at or before an entity's time it takes the latest event and, among
+        that event's rows, the latest created (a row without one comes last). No separate
+        de-duplication pass over the source."""
         keys = ", ".join(q(k) for k in view.join_keys)
         cols = ", ".join(q(f) for f in features)
-        created = (f"CAST({q(view.created)} AS TIMESTAMPTZ)" if view.created
-                   else "NULL::TIMESTAMPTZ")
-        inner = (f"SELECT {keys}, CAST({q(view.timestamp)} AS TIMESTAMPTZ) AS __ts, "
-                 f"{created} AS __cr, {cols} FROM {source_sql(view)}")
+        ts = f"CAST({q(view.timestamp)} AS TIMESTAMPTZ)"
+        order = ts
         if view.created:
-            inner += (f" QUALIFY row_number() OVER (PARTITION BY {keys}, __ts "
-                      "ORDER BY __cr DESC) = 1")
-        return inner
+            order = (f"struct_pack(t := {ts}, c := COALESCE(CAST({q(view.created)} AS "
+                     "TIMESTAMPTZ), '-infinity'::TIMESTAMPTZ))")
+        return f"SELECT {keys}, {ts} AS __ts, {order} AS __ord, {cols} FROM {source_sql(view)}"
 
     def get_historical_features(self, entity_rows: Any, features: list[str], *,
                                 full_feature_names: bool = False,
@@ -120,7 +123,8 @@ class DuckDBEngine:
             alias = f"v{i}"
             ctes.append(f"{alias} AS ({self.view_sql(view, feats)})")
             on = " AND ".join(f"e.{q(k)} = {alias}.{q(k)}" for k in view.join_keys)
-            joins.append(f"ASOF LEFT JOIN {alias} ON {on} AND {ets} >= {alias}.__ts")
+            mine = "e.__eord" if view.created else ets
+            joins.append(f"ASOF LEFT JOIN {alias} ON {on} AND {mine} >= {alias}.__ord")
             for f in feats:
                 value = f"CAST({alias}.{q(f)} AS {SQL_TYPES[view.dtype(f)]})"
                 if view.ttl_s:
@@ -128,8 +132,12 @@ class DuckDBEngine:
                     value = (f"CASE WHEN {alias}.__ts >= {ets} - to_microseconds({us}) "
                              f"THEN {value} END")
                 select.append(f"{value} AS {q(output_name(view, f, full_feature_names))}")
+        entities = "__entities"
+        if any(view.created for view, _ in views.values()):  # the entity side of the order
+            entities = (f"(SELECT *, struct_pack(t := {q(timestamp_column)}, c := "
+                        "'infinity'::TIMESTAMPTZ) AS __eord FROM __entities)")
         sql = (f"WITH {', '.join(ctes)} SELECT {', '.join('e.' + q(c) for c in entity_cols)}, "
-               f"{', '.join(select)} FROM __entities e {' '.join(joins)} ORDER BY e.{q(ROW)}")
+               f"{', '.join(select)} FROM {entities} e {' '.join(joins)} ORDER BY e.{q(ROW)}")
         try:
             out = self.con.sql(sql).to_arrow_table()
         except duckdb.BinderException as exc:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple, Protocol
@@ -93,6 +94,12 @@ class OnlineStore(Protocol):
     def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
              now_us: int) -> list[OnlineValue]: ...
 
+    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+                     now_us: int) -> tuple[list[list[Any]], list[str]]:
+        """The same read as columns: one list per feature, and each key's status value
+        (what `get_online_features` returns, without a dict per row)."""
+        ...
+
     def get_meta(self, name: str) -> str | None: ...
 
     def set_meta(self, name: str, value: str) -> None: ...
@@ -120,36 +127,95 @@ def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
                         full_feature_names: bool = False) -> dict[str, list[Any]]:
     """Feature values for entity rows given as columns (join key -> values), one batch read
     per view; each feature column comes with a `<name>__status` column."""
-    pairs = repo.resolve(features)
-    n = len(next(iter(entities.values()), []))
-    if any(len(v) != n for v in entities.values()):
+    lengths = {len(v) for v in entities.values()}
+    if len(lengths) > 1:
         raise invalid("entities", {k: len(v) for k, v in entities.items()},
                       "the same number of values for every join key",
                       "give one value per entity row for each key")
+    n = lengths.pop() if lengths else 0
     out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
-    by_view: dict[str, tuple[FeatureView, list[str]]] = {}
-    for view, feat in pairs:
-        by_view.setdefault(view.name, (view, []))[1].append(feat)
-    for view, feats in by_view.values():
-        missing = [k for k in view.join_keys if k not in entities]
-        if missing:
+    for view, feats, convs, names in _read_plan(repo, features, full_feature_names):
+        if not entities.keys() >= set(view.join_keys):
+            missing = [k for k in view.join_keys if k not in entities]
             raise invalid("entities", sorted(entities), f"join keys {missing} for view "
                           f"{view.name!r}", f"add e.g. --entity {missing[0]}=1")
-        keys = [tuple(_as_key(view, k, entities[k][i]) for k in view.join_keys)
-                for i in range(n)]
-        got = store.read(view, keys, feats, now_us)
-        for f in feats:
-            name = f"{view.name}__{f}" if full_feature_names else f
-            out[name] = [g.values[f] for g in got]
-            out[f"{name}__status"] = [g.status.value for g in got]
+        if len(convs) == 1:  # the common case, without a tuple comprehension per row
+            conv, col = convs[0], entities[view.join_keys[0]]
+            keys = [(conv(v),) for v in col]
+        else:
+            cols = [entities[k] for k in view.join_keys]
+            keys = [tuple(c(col[i]) for c, col in zip(convs, cols, strict=True))
+                    for i in range(n)]
+        cols, statuses = store.read_columns(view, keys, feats, now_us)
+        for col, (name, status_name) in zip(cols, names, strict=True):
+            out[name] = col
+            out[status_name] = statuses  # one list per view, shared by its features
     return out
 
 
-def _as_key(view: FeatureView, key: str, value: Any) -> Any:
+def columns_from_rows(rows: list[Any], oldest_us: int, n_features: int,
+                      convs: list[Callable[[Any], Any]] | None) -> tuple[list[list[Any]],
+                                                                         list[str]]:
+    """Per key a stored row (event time, then the values) or None: the feature columns
+    (None where not present) and the status values. `convs` None: values are typed."""
+    statuses = [MISSING if r is None else (EXPIRED if r[0] < oldest_us else PRESENT)
+                for r in rows]
+    if _all_present(statuses) and convs is None:  # the hot path
+        if not rows:
+            return [[] for _ in range(n_features)], statuses
+        return [list(c) for c in zip(*rows, strict=True)][1:], statuses
+    blank = (None,) * (n_features + 1)
+    kept = [r if st is PRESENT else blank for r, st in zip(rows, statuses, strict=True)]
+    cols = [list(c) for c in zip(*kept, strict=True)][1:] if kept else \
+        [[] for _ in range(n_features)]
+    if convs is not None:
+        cols = [[None if v is None else c(v) for v in col]
+                for c, col in zip(convs, cols, strict=True)]
+    return cols, statuses
+
+
+PRESENT, EXPIRED, MISSING = (Status.PRESENT.value, Status.EXPIRED.value,
+                             Status.MISSING.value)
+
+
+def _all_present(statuses: list[str]) -> bool:
+    return all(st is PRESENT for st in statuses)
+
+
+ReadPlan = list[tuple[FeatureView, list[str], list[Callable[[Any], Any]],
+                     list[tuple[str, str]]]]
+
+
+def _read_plan(repo: Repo, features: list[str], full: bool) -> ReadPlan:
+    """Per view: its features, key converters and output names; kept on the repo."""
+    key = ("online-plan", tuple(features), full)
+    plan: ReadPlan | None = repo.cache.get(key)
+    if plan is None:
+        by_view: dict[str, tuple[FeatureView, list[str]]] = {}
+        for view, feat in repo.resolve(features):
+            by_view.setdefault(view.name, (view, []))[1].append(feat)
+        plan = []
+        for view, feats in by_view.values():
+            names = [f"{view.name}__{f}" if full else f for f in feats]
+            plan.append((view, feats, [_key_converter(view, k) for k in view.join_keys],
+                         [(nm, f"{nm}__status") for nm in names]))
+        repo.cache[key] = plan
+    return plan
+
+
+def _key_converter(view: FeatureView, key: str) -> Callable[[Any], Any]:
     """A join-key value in its declared type (so "5" typed on a command line finds 5)."""
     dtype = dict(view.key_dtypes)[key]
-    try:
-        return int(value) if dtype.startswith("int") else str(value)
-    except (TypeError, ValueError):
-        raise invalid(f"entity {key}", value, f"a {dtype} value", f"give {key} as a number"
-                      ) from None
+    want = int if dtype.startswith("int") else str
+
+    def conv(value: Any) -> Any:
+        if type(value) is want:
+            return value
+        try:
+            return want(value)
+        except (TypeError, ValueError):
+            raise invalid(f"entity {key}", value, f"a {dtype} value",
+                          f"give {key} as a {'whole number' if want is int else 'string'}"
+                          ) from None
+
+    return conv

@@ -19,6 +19,7 @@ from servelab.features.online import (
     OnlineRow,
     OnlineValue,
     Status,
+    columns_from_rows,
     converter,
     entity_key,
     oldest_valid_us,
@@ -119,6 +120,18 @@ class RedisStore:
                      for f, c, v in zip(features, convs, reply[1:], strict=True)},
                     Status.PRESENT, ts))
         return out
+
+    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+                     now_us: int) -> tuple[list[list[Any]], list[str]]:
+        pipe = self.client.pipeline(transaction=False)
+        fields = ["_ts", *features]
+        prefix = f"{self.prefix}{view.name}:"
+        for k in keys:
+            pipe.hmget(prefix + entity_key(k), fields)
+        replies = self._guard(pipe.execute)
+        rows = [None if r[0] is None else (int(r[0]), *r[1:]) for r in replies]
+        return columns_from_rows(rows, oldest_valid_us(view, now_us), len(features),
+                                 [converter(view.dtype(f)) for f in features])
 
     def get_meta(self, name: str) -> str | None:
         v = self._guard(self.client.hget, f"{self.prefix}_meta", name)

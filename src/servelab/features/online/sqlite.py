@@ -19,6 +19,7 @@ from servelab.features.online import (
     OnlineValue,
     Status,
     _keep,
+    columns_from_rows,
     converter,
     entity_key,
     oldest_valid_us,
@@ -91,19 +92,24 @@ class SQLiteStore:
         written = self.con.total_changes - before
         return written, len(rows) - written
 
-    def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
-             now_us: int) -> list[OnlineValue]:
-        plan_key = (view.name, tuple(features), len(keys))
+    def _plan(self, view: FeatureView, features: list[str], n: int
+              ) -> tuple[str, list[Any], bool]:
+        """The SQL and converters for this shape of read, built once."""
+        plan_key = (view.name, tuple(features), n)
         plan = self._plans.get(plan_key)
-        if plan is None:  # the SQL and converters for this shape of read, built once
+        if plan is None:
             cols = ", ".join(_q(f) for f in features)
-            marks = ", ".join("?" for _ in keys)
+            marks = ", ".join("?" for _ in range(n))
             sql = (f"SELECT entity_key, event_ts, {cols} FROM {_q(view.name)} "
                    f"WHERE entity_key IN ({marks})")
             convs = [converter(view.dtype(f), typed=True) for f in features]
             plan = (sql, convs, all(c is _keep for c in convs))
             self._plans[plan_key] = plan
-        sql, convs, plain = plan
+        return plan
+
+    def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+             now_us: int) -> list[OnlineValue]:
+        sql, convs, plain = self._plan(view, features, len(keys))
         stored = [entity_key(k) for k in keys]
         try:
             found = {r[0]: r for r in self.con.execute(sql, stored)}
@@ -121,6 +127,19 @@ class SQLiteStore:
                             present, row[1])
                 if (row := get(k)) is not None and row[1] >= oldest
                 else _absent(features, row) for k in stored]
+
+    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+                     now_us: int) -> tuple[list[list[Any]], list[str]]:
+        sql, convs, plain = self._plan(view, features, len(keys))
+        stored = [entity_key(k) for k in keys]
+        try:
+            found = {r[0]: r[1:] for r in self.con.execute(sql, stored)}
+        except sqlite3.Error as exc:
+            raise StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
+                             f"({exc}); fix: run `servelab features apply`") from exc
+        get = found.get
+        return columns_from_rows([get(k) for k in stored], oldest_valid_us(view, now_us),
+                                 len(features), None if plain else convs)
 
     def get_meta(self, name: str) -> str | None:
         row = self.con.execute("SELECT value FROM _servelab_meta WHERE name = ?",
