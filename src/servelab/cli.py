@@ -275,6 +275,98 @@ def kv(
         print_to(stdout, kv_tables(report))
 
 
+llm_app = typer.Typer(help="LLM serving under vLLM's scheduler: TTFT, TPOT, tokens/s, $.",
+                      no_args_is_help=True)
+app.add_typer(llm_app, name="llm")
+_LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
+             "max_num_batched_tokens": "llm.max_num_batched_tokens"}
+
+
+@llm_app.command("simulate")
+def llm_simulate(
+    scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
+    weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="GPUs per replica (tensor-parallel "
+                                           "size).")] = None,
+    replicas: Annotated[int, typer.Option(help="Replicas, each of --tp GPUs.")] = 1,
+    gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="vLLM max_num_batched_tokens (the token budget of a step).")] = None,
+    rate: Annotated[float, typer.Option(help="Requests per second (all replicas).")] = 5.0,
+    num_requests: Annotated[int, typer.Option(help="Requests to simulate.")] = 2000,
+    arrival: Annotated[str, typer.Option(help="poisson or constant.")] = "poisson",
+    prompt_tokens: Annotated[float, typer.Option(help="Prompt length, mean tokens.")] = 512,
+    prompt_tokens_p99: Annotated[float | None, typer.Option(
+        help="Prompt p99 (log-normal through mean and p99; default: fixed).")] = None,
+    output_tokens: Annotated[float, typer.Option(help="Output length, mean tokens.")] = 256,
+    output_tokens_p99: Annotated[float | None, typer.Option(
+        help="Output p99 (log-normal; default: fixed).")] = None,
+    chunked_prefill: Annotated[bool, typer.Option(
+        help="vLLM enable_chunked_prefill (on in v1).")] = True,
+    prefix_caching: Annotated[bool, typer.Option(
+        help="vLLM enable_prefix_caching, with --prefix-tokens shared.")] = False,
+    prefix_tokens: Annotated[int, typer.Option(help="Tokens of the shared prefix.")] = 0,
+    prefix_hit_share: Annotated[float, typer.Option(
+        help="Share of requests that start with the shared prefix.")] = 0.0,
+    compute_efficiency: Annotated[float, typer.Option(
+        help="Share of peak FLOPs a prefill reaches.")] = 0.5,
+    memory_efficiency: Annotated[float, typer.Option(
+        help="Share of HBM bandwidth a decode reaches.")] = 0.8,
+    overhead_ms: Annotated[float, typer.Option(help="Scheduler/launch time per step.")] = 0.5,
+    seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Continuous batching under vLLM v1's scheduler: TTFT, TPOT, end-to-end latency,
+    tokens per second, preemptions and $ per 1M tokens (roofline step times)."""
+    from servelab.llm.serving import Workload, serve_llm
+
+    given = dict(locals())
+    given["num_gpus"] = tp  # one replica's GPUs: the pool is sized per replica
+    given["context"] = None
+    s = _load(given, _LLM_KEYS)
+    if not 0 <= seed <= 2**63 - 1:
+        raise invalid("--seed", seed, "a whole number >= 0", "e.g. --seed 0")
+    spec = pool_spec(s)
+    report = serve_llm(spec, Workload(request_rate=rate, num_requests=num_requests,
+                                      arrival=arrival, prompt_tokens=prompt_tokens,
+                                      prompt_tokens_p99=prompt_tokens_p99,
+                                      output_tokens=output_tokens,
+                                      output_tokens_p99=output_tokens_p99, seed=seed),
+                       replicas=replicas, enable_chunked_prefill=chunked_prefill,
+                       enable_prefix_caching=prefix_caching, prefix_tokens=prefix_tokens,
+                       prefix_hit_share=prefix_hit_share,
+                       compute_efficiency=compute_efficiency,
+                       memory_efficiency=memory_efficiency, overhead_ms=overhead_ms)
+    d = report.to_dict()
+    if as_json:
+        _emit_json(d)
+        return
+    t = Table(title=f"{d['model']} on {d['replicas']} x {d['tp']} {d['gpu']} "
+                    f"({d['num_blocks_per_replica']:,} KV blocks a replica)",
+              title_justify="left")
+    for c in ("", "p50", "p90", "p99", "mean"):
+        t.add_column(c, justify="right")
+    for label, key in (("TTFT ms", "ttft_ms"), ("TPOT ms", "tpot_ms"), ("end to end ms",
+                                                                        "e2e_ms")):
+        t.add_row(label, *[_fmt_ms(d[key][q]) for q in ("p50", "p90", "p99", "mean")])
+    stdout.print(t)
+    r = d["requests"]
+    stdout.print(f"served {r['served']:,} of {r['arrived']:,} (rejected {r['rejected']:,}, "
+                 f"preempted {r['preempted']:,}); {d['output_tokens_per_s']:,.0f} output and "
+                 f"{d['input_tokens_per_s']:,.0f} input tokens/s; mean running batch "
+                 f"{d['mean_running']:.1f}; GPU busy {d['gpu_busy']:.0%}", highlight=False)
+    cost = d["cost_per_million_output_usd"]
+    stdout.print(f"${cost:,.2f} per 1M output tokens" if cost is not None else
+                 "no output tokens served", highlight=False)
+    for n in d["notes"]:
+        stdout.print(f"note: {n}", highlight=False)
+
+
+def _fmt_ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.1f}"
+
+
 @kv_app.command("paging")
 def kv_paging(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,

@@ -1,0 +1,513 @@
+"""LLM serving under vLLM v1's scheduler: continuous batching, chunked prefill,
+preemption by recompute, prefix caching; the time of each step from a roofline.
+
+The scheduler (vllm/v1/core/sched/scheduler.py, ``Scheduler.schedule``), as modelled:
+
+- Every request has ``num_tokens`` (its prompt plus what it has generated) and
+  ``computed`` (tokens whose KV is in the cache). A step gives each scheduled request
+  ``min(num_tokens - computed, budget)`` new tokens; when that reaches ``num_tokens`` the
+  step samples one more token. So a prefill (possibly in chunks) and a decode (one token)
+  are the same rule, as in v1.
+- Each step has a token budget ``max_num_batched_tokens``. Running requests go first,
+  in admission order; then waiting requests are admitted first-come-first-served while
+  budget, ``max_num_seqs`` and free KV blocks allow (the queue's head is never skipped).
+  With ``enable_chunked_prefill`` off, a prompt that does not fit the rest of the
+  budget waits for a later step.
+- KV is allocated in blocks of ``block_size`` tokens, on demand. A running request that
+  needs a block when none is free preempts the most recently admitted running request
+  (possibly itself): its blocks are freed, its ``computed`` goes back to zero and it
+  returns to the front of the queue, to redo its prefill over prompt and output so far
+  (recompute). A step that preempted admits no new request.
+- Prefix caching: a share of requests (``prefix_hit_share``) starts with the same
+  ``prefix_tokens``; their whole blocks are computed once and stay cached (counted once
+  against the pool), so those requests start with them computed and do not hold them.
+- A request whose prompt and output can never fit the pool is rejected on arrival.
+
+Step time (``StepModel``), per GPU of a tensor-parallel group:
+  FLOPs = 2 x parameters / tp per scheduled token
+          + 4 x layers x heads x head_dim / tp per (token, context token) of attention
+  bytes = the weights on the GPU, read once per step
+          + each scheduled request's cached context, KV bytes per token per GPU
+  time  = max(FLOPs / (peak x compute_efficiency), bytes / (HBM bandwidth x
+          memory_efficiency)) + overhead per step.
+Left out and stated: tensor-parallel all-reduce time, MoE (all parameters count as
+active), sampling and detokenization, CUDA graphs' padding, speculative decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servelab.errors import invalid
+from servelab.llm.kv import (
+    PoolSpec,
+    bytes_per_token_per_gpu,
+    resolve_kv_dtype,
+    size_pool,
+    weights_bytes,
+)
+
+MAX_REQUESTS = 1_000_000
+MAX_TOKENS_PER_REQUEST = 10_000_000
+MAX_STEPS = 20_000_000
+KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
+Z99 = 2.3263478740408408
+
+
+@dataclass(frozen=True, slots=True)
+class StepModel:
+    """A step's time on one tensor-parallel group (figures per GPU)."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flops_per_token: float
+    attn_flops_per_context_token: float
+    peak_flops: float
+    hbm_bytes_per_s: float
+    compute_efficiency: float = 0.5
+    memory_efficiency: float = 0.8
+    overhead_s: float = 0.0005
+
+    def step_s(self, tokens: int, attn_context: float, kv_tokens_read: float) -> float:
+        flops = tokens * self.flops_per_token + attn_context * self.attn_flops_per_context_token
+        data = self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token
+        return max(flops / (self.peak_flops * self.compute_efficiency),
+                   data / (self.hbm_bytes_per_s * self.memory_efficiency)) + self.overhead_s
+
+    @classmethod
+    def roofline(cls, spec: PoolSpec, *, compute_efficiency: float = 0.5,
+                 memory_efficiency: float = 0.8, overhead_ms: float = 0.5) -> StepModel:
+        m, g, tp = spec.model, spec.gpu, spec.tp
+        kv_dtype = resolve_kv_dtype(spec.kv_dtype, m)
+        w = (spec.weights_gib * 2**30 if spec.weights_gib is not None
+             else weights_bytes(m, spec.weight_dtype))
+        fp8 = spec.weight_dtype in ("fp8",) or m.checkpoint_dtype == "fp8"
+        peak = (g.fp8_dense_tflops if fp8 and g.fp8_dense_tflops else g.bf16_dense_tflops)
+        return cls(
+            weight_bytes=w / tp,
+            kv_bytes_per_token=bytes_per_token_per_gpu(m, kv_dtype, tp),
+            flops_per_token=2.0 * m.num_parameters / tp,
+            attn_flops_per_context_token=4.0 * m.num_layers * m.num_attention_heads
+            * m.head_dim / tp,
+            peak_flops=peak * 1e12,
+            hbm_bytes_per_s=g.hbm_bandwidth_tbps * 1e12,
+            compute_efficiency=compute_efficiency,
+            memory_efficiency=memory_efficiency,
+            overhead_s=overhead_ms / 1e3,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    num_blocks: int  # KV blocks of one replica
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    prefix_tokens: int = 0
+    prefix_hit_share: float = 0.0
+
+    def check(self) -> None:
+        for name, v, lo, hi in (("num_blocks", self.num_blocks, 1, 100_000_000),
+                                ("--block-size", self.block_size, 1, 1024),
+                                ("--max-num-seqs", self.max_num_seqs, 1, 100_000),
+                                ("--max-num-batched-tokens", self.max_num_batched_tokens, 1,
+                                 10_000_000),
+                                ("--prefix-tokens", self.prefix_tokens, 0,
+                                 MAX_TOKENS_PER_REQUEST)):
+            if not lo <= v <= hi:
+                raise invalid(name, v, f"a whole number from {lo:,} to {hi:,}",
+                              f"give {name} within that range")
+        if not 0 <= self.prefix_hit_share <= 1:
+            raise invalid("--prefix-hit-share", self.prefix_hit_share, "a share from 0 to 1",
+                          "e.g. --prefix-hit-share 0.5")
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    arrival_s: np.ndarray
+    prompt: np.ndarray  # tokens
+    output: np.ndarray  # tokens to generate (>= 1)
+    prefix_hit: np.ndarray  # bool: starts with the shared prefix
+
+
+@dataclass(slots=True)
+class ServingResult:
+    ttft_s: np.ndarray  # NaN where not served
+    tpot_s: np.ndarray  # NaN for a one-token output or not served
+    e2e_s: np.ndarray
+    preemptions: np.ndarray
+    rejected: np.ndarray  # bool
+    generated: np.ndarray  # output tokens produced
+    steps: int
+    busy_s: float
+    end_s: float
+    running_sum: float  # sum over steps of running requests (for the mean)
+    prefill_tokens: int
+    decode_tokens: int
+    kv_time_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    preempt_time_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def lognormal_lengths(mean: float, p99: float | None, n: int, rng: np.random.Generator,
+                      field_name: str) -> np.ndarray:
+    """Token counts: fixed at `mean` (p99 None or equal), or log-normal through mean and p99."""
+    if not (math.isfinite(mean) and 1 <= mean <= MAX_TOKENS_PER_REQUEST):
+        raise invalid(field_name, mean, f"tokens from 1 to {MAX_TOKENS_PER_REQUEST:,}",
+                      f"e.g. {field_name} 512")
+    if p99 is None or p99 == mean:
+        return np.full(n, round(mean), dtype=np.int64)
+    r = math.log(p99 / mean) if p99 > mean else -1.0
+    if not (p99 <= MAX_TOKENS_PER_REQUEST and 0 < r <= Z99 * Z99 / 2):
+        raise invalid(f"{field_name}-p99", p99, f"above the mean ({mean:g}) and at most "
+                      f"{math.exp(Z99 * Z99 / 2):.1f} x it (a log-normal's limit)",
+                      f"e.g. {field_name}-p99 {mean * 3:g}")
+    sigma = Z99 - math.sqrt(Z99 * Z99 - 2 * r)
+    mu = math.log(mean) - sigma * sigma / 2
+    x = np.rint(rng.lognormal(mu, sigma, n))
+    return np.clip(x, 1, MAX_TOKENS_PER_REQUEST).astype(np.int64)
+
+
+def simulate_serving(req: Requests, cfg: SchedulerConfig, model: StepModel) -> ServingResult:
+    """One replica under vLLM v1's scheduler; see the module docstring."""
+    cfg.check()
+    n = req.arrival_s.size
+    B = cfg.block_size  # noqa: N806
+    order = np.argsort(req.arrival_s, kind="stable")
+    arrival = req.arrival_s[order].tolist()
+    prompt = req.prompt[order].tolist()
+    output = req.output[order].tolist()
+    hit = (req.prefix_hit[order] & cfg.enable_prefix_caching).tolist()
+    prefix_blocks = (min(cfg.prefix_tokens, int(req.prompt.min()) if n else 0) // B
+                     if cfg.enable_prefix_caching and cfg.prefix_tokens else 0)
+    prefix_tok = prefix_blocks * B
+    pool = cfg.num_blocks - (prefix_blocks if prefix_blocks and any(hit) else 0)
+    gen = [0] * n
+    computed = [0] * n
+    held = [0] * n
+    first = [math.nan] * n
+    done = [math.nan] * n
+    preempt = [0] * n
+    rejected = [False] * n
+    waiting: deque[int] = deque()
+    running: list[int] = []
+    free = pool
+    t = 0.0
+    nxt = 0
+    steps = 0
+    busy = 0.0
+    running_sum = 0.0
+    prefill_tok = decode_tok = 0
+    kv_t: list[float] = []
+    kv_b: list[int] = []
+    pre_t: list[float] = []
+    finished = 0
+
+    def start_of(i: int) -> int:
+        return prefix_tok if hit[i] else 0
+
+    def blocks_for(i: int, tokens: int) -> int:
+        return max(0, -(-tokens // B) - (prefix_blocks if hit[i] else 0))
+
+    while finished < n:
+        while nxt < n and arrival[nxt] <= t:
+            i = nxt
+            nxt += 1
+            if blocks_for(i, prompt[i] + output[i]) > pool or (
+                    not cfg.enable_chunked_prefill
+                    and prompt[i] - start_of(i) > cfg.max_num_batched_tokens):
+                rejected[i] = True
+                finished += 1
+                continue
+            computed[i] = start_of(i)
+            waiting.append(i)
+        if not running and not waiting:
+            if nxt >= n:
+                break
+            t = max(t, arrival[nxt])
+            continue
+        steps += 1
+        if steps > MAX_STEPS:
+            raise invalid("simulation", f"{MAX_STEPS:,} steps", "fewer steps",
+                          "fewer requests, or a higher max_num_batched_tokens")
+        budget = cfg.max_num_batched_tokens
+        sched: list[tuple[int, int]] = []  # (request, new tokens)
+        preempted = False
+        k = 0
+        while k < len(running) and budget > 0:
+            i = running[k]
+            new = min(prompt[i] + gen[i] - computed[i], budget)
+            need = blocks_for(i, computed[i] + new) - held[i]
+            while need > free:
+                victim = running.pop()  # the most recently admitted
+                free += held[victim]
+                held[victim] = 0
+                computed[victim] = start_of(victim)
+                preempt[victim] += 1
+                waiting.appendleft(victim)
+                pre_t.append(t)
+                preempted = True
+                if victim == i:
+                    break
+            else:
+                free -= need
+                held[i] += need
+                sched.append((i, new))
+                budget -= new
+                k += 1
+                continue
+            break  # this request was preempted itself
+        if not preempted:
+            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                i = waiting[0]
+                remaining = prompt[i] + gen[i] - computed[i]
+                new = min(remaining, budget)
+                if new < remaining and not cfg.enable_chunked_prefill and \
+                        remaining <= cfg.max_num_batched_tokens:
+                    break  # whole prompts only: it waits for a step with room
+                need = blocks_for(i, computed[i] + new) - held[i]
+                if need > free:
+                    break
+                waiting.popleft()
+                free -= need
+                held[i] += need
+                running.append(i)
+                sched.append((i, new))
+                budget -= new
+        if not sched:
+            if preempted:  # a request preempted itself; the next pass admits afresh
+                steps -= 1
+                continue
+            if nxt < n:
+                t = max(t, arrival[nxt])
+                continue
+            raise invalid("simulation", "no request can be scheduled", "a pool that fits "
+                          "one request", "more KV blocks")
+        tokens = 0
+        attn = 0.0
+        kv_read = 0.0
+        for i, new in sched:
+            c = computed[i]
+            tokens += new
+            attn += new * c + new * (new + 1) / 2
+            kv_read += c
+            if prompt[i] + gen[i] - c == 1 and gen[i] > 0:
+                decode_tok += 1
+            else:
+                prefill_tok += new
+        dt = model.step_s(tokens, attn, kv_read)
+        t += dt
+        busy += dt
+        running_sum += len(running)
+        for i, new in sched:
+            computed[i] += new
+            if computed[i] == prompt[i] + gen[i]:
+                gen[i] += 1
+                if math.isnan(first[i]):
+                    first[i] = t
+                if gen[i] >= output[i]:
+                    done[i] = t
+                    free += held[i]
+                    held[i] = 0
+                    running.remove(i)
+                    finished += 1
+        kv_t.append(t)
+        kv_b.append(pool - free)
+    arr = np.asarray(arrival)
+    first_a = np.asarray(first)
+    done_a = np.asarray(done)
+    out_a = np.asarray(output, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out_a > 1, (done_a - first_a) / (out_a - 1), np.nan)
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.arange(n)
+    thin = max(1, len(kv_t) // KV_SAMPLES)
+    return ServingResult(
+        ttft_s=(first_a - arr)[inv], tpot_s=tpot[inv], e2e_s=(done_a - arr)[inv],
+        preemptions=np.asarray(preempt)[inv], rejected=np.asarray(rejected)[inv],
+        generated=np.asarray(gen)[inv],
+        steps=steps, busy_s=busy, end_s=t, running_sum=running_sum,
+        prefill_tokens=prefill_tok, decode_tokens=decode_tok,
+        kv_time_s=np.asarray(kv_t[::thin]), kv_blocks=np.asarray(kv_b[::thin]),
+        preempt_time_s=np.asarray(pre_t))
+
+
+# -- the whole deployment -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Workload:
+    request_rate: float
+    num_requests: int = 2000
+    arrival: str = "poisson"
+    prompt_tokens: float = 512
+    prompt_tokens_p99: float | None = None
+    output_tokens: float = 256
+    output_tokens_p99: float | None = None
+    seed: int = 0
+
+    def draw(self, prefix_hit_share: float = 0.0) -> Requests:
+        if not (math.isfinite(self.request_rate) and 0 < self.request_rate <= 1e6):
+            raise invalid("--rate", self.request_rate, "requests per second above 0, up to "
+                          "1e6", "e.g. --rate 10")
+        if not 1 <= self.num_requests <= MAX_REQUESTS:
+            raise invalid("--num-requests", self.num_requests, f"1 to {MAX_REQUESTS:,}",
+                          "e.g. --num-requests 2000")
+        if self.arrival not in ("poisson", "constant"):
+            raise invalid("--arrival", self.arrival, "poisson or constant",
+                          "e.g. --arrival poisson")
+        rng = np.random.default_rng(self.seed)
+        n = self.num_requests
+        gaps = (rng.exponential(1 / self.request_rate, n) if self.arrival == "poisson"
+                else np.full(n, 1 / self.request_rate))
+        return Requests(np.cumsum(gaps),
+                        lognormal_lengths(self.prompt_tokens, self.prompt_tokens_p99, n, rng,
+                                          "--prompt-tokens"),
+                        lognormal_lengths(self.output_tokens, self.output_tokens_p99, n, rng,
+                                          "--output-tokens"),
+                        rng.random(n) < prefix_hit_share)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingReport:
+    model: str
+    gpu: str
+    tp: int
+    replicas: int
+    num_blocks_per_replica: int
+    requests: dict[str, int]
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    mean_running: float
+    gpu_busy: float
+    preemptions: int
+    cost_per_million_output_usd: float
+    cost_per_million_input_usd: float
+    step_model: dict[str, float]
+    kv_usage: dict[str, list[float]]
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        out: dict[str, Any] = _finite(d)
+        return out
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _pcts(x: np.ndarray) -> dict[str, float]:
+    x = x[np.isfinite(x)] * 1e3
+    if x.size == 0:
+        return {"p50": math.nan, "p90": math.nan, "p99": math.nan, "mean": math.nan}
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(x.mean())}
+
+
+def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
+              enable_chunked_prefill: bool = True, enable_prefix_caching: bool = False,
+              prefix_tokens: int = 0, prefix_hit_share: float = 0.0,
+              compute_efficiency: float = 0.5, memory_efficiency: float = 0.8,
+              overhead_ms: float = 0.5) -> ServingReport:
+    """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
+    among them at random (a Poisson stream split at random stays Poisson)."""
+    if not 1 <= replicas <= 10_000:
+        raise invalid("--replicas", replicas, "1 to 10,000", "e.g. --replicas 2")
+    for name, v in (("--compute-efficiency", compute_efficiency),
+                    ("--memory-efficiency", memory_efficiency)):
+        if not (math.isfinite(v) and 0 < v <= 1):
+            raise invalid(name, v, "a fraction in (0, 1]", f"e.g. {name} 0.5")
+    if not (math.isfinite(overhead_ms) and 0 <= overhead_ms <= 1000):
+        raise invalid("--overhead-ms", overhead_ms, "0 to 1,000 ms", "e.g. --overhead-ms 0.5")
+    pool = size_pool(spec)
+    if pool.num_blocks < 1:
+        raise invalid("KV pool", 0, "at least one block", "more GPUs (--tp), a smaller "
+                      "model or KV dtype, or a higher --gpu-memory-utilization")
+    model = StepModel.roofline(spec, compute_efficiency=compute_efficiency,
+                               memory_efficiency=memory_efficiency, overhead_ms=overhead_ms)
+    cfg = SchedulerConfig(num_blocks=pool.num_blocks, block_size=spec.block_size,
+                          max_num_seqs=spec.max_num_seqs,
+                          max_num_batched_tokens=spec.max_num_batched_tokens,
+                          enable_chunked_prefill=enable_chunked_prefill,
+                          enable_prefix_caching=enable_prefix_caching,
+                          prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share)
+    req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
+    which = np.random.default_rng(workload.seed + 1).integers(0, replicas, req.arrival_s.size)
+    parts = []
+    for r in range(replicas):
+        sel = which == r
+        if sel.any():
+            sub = Requests(req.arrival_s[sel], req.prompt[sel], req.output[sel],
+                           req.prefix_hit[sel])
+            parts.append((sel, simulate_serving(sub, cfg, model)))
+    n = req.arrival_s.size
+    ttft, tpot, e2e = (np.full(n, np.nan) for _ in range(3))
+    rejected = np.zeros(n, bool)
+    pre = 0
+    busy = end = run_sum = 0.0
+    steps = 0
+    for sel, res in parts:
+        ttft[sel], tpot[sel], e2e[sel] = res.ttft_s, res.tpot_s, res.e2e_s
+        rejected[sel] = res.rejected
+        pre += int(res.preemptions.sum())
+        busy += res.busy_s
+        end = max(end, res.end_s)
+        run_sum += res.running_sum
+        steps += res.steps
+    served = ~rejected
+    span = end - float(req.arrival_s.min()) if n else 0.0
+    out_tps = float(req.output[served].sum()) / span if span > 0 else 0.0
+    in_tps = float(req.prompt[served].sum()) / span if span > 0 else 0.0
+    price = spec.gpu.price_per_gpu_hour_usd
+    gpus = replicas * spec.tp
+    per_hour = gpus * price
+    notes = ["step time is a roofline with stated efficiencies (compute "
+             f"{compute_efficiency:g}, memory {memory_efficiency:g}, {overhead_ms:g} ms a "
+             "step); tensor-parallel all-reduce time and MoE sparsity are not modelled"]
+    if rejected.any():
+        notes.append(f"{int(rejected.sum())} requests could never fit one replica's KV pool "
+                     f"({pool.num_blocks:,} blocks of {spec.block_size}) and were rejected")
+    if pre:
+        notes.append(f"{pre} preemptions (recompute): the KV pool ran out under this load")
+    first_res = parts[0][1] if parts else None
+    return ServingReport(
+        model=spec.model.key, gpu=spec.gpu.key, tp=spec.tp, replicas=replicas,
+        num_blocks_per_replica=pool.num_blocks,
+        requests={"arrived": n, "served": int(served.sum()), "rejected": int(rejected.sum()),
+                  "input_tokens": int(req.prompt[served].sum()),
+                  "output_tokens": int(req.output[served].sum()),
+                  "preempted": int(sum(int((res.preemptions > 0).sum()) for _, res in parts))},
+        ttft_ms=_pcts(ttft), tpot_ms=_pcts(tpot), e2e_ms=_pcts(e2e),
+        input_tokens_per_s=in_tps, output_tokens_per_s=out_tps,
+        mean_running=run_sum / steps if steps else 0.0,
+        gpu_busy=busy / (span * len(parts)) if span > 0 and parts else 0.0,
+        preemptions=pre,
+        cost_per_million_output_usd=per_hour / (out_tps * 3600) * 1e6 if out_tps else math.inf,
+        cost_per_million_input_usd=per_hour / (in_tps * 3600) * 1e6 if in_tps else math.inf,
+        step_model={"weight_bytes_per_gpu": model.weight_bytes,
+                    "kv_bytes_per_token_per_gpu": model.kv_bytes_per_token,
+                    "flops_per_token_per_gpu": model.flops_per_token,
+                    "peak_tflops": model.peak_flops / 1e12,
+                    "hbm_tbps": model.hbm_bytes_per_s / 1e12,
+                    "decode_step_ms_batch1": model.step_s(1, 1.0, 0.0) * 1e3},
+        kv_usage={"time_s": first_res.kv_time_s.tolist() if first_res else [],
+                  "blocks": first_res.kv_blocks.tolist() if first_res else [],
+                  "preempt_time_s": first_res.preempt_time_s.tolist() if first_res else []},
+        notes=tuple(notes),
+    )
