@@ -139,6 +139,11 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                        "--prefix-tokens", "--lengths", "--seed"],
     ("load",): ["--qps", "--rates", "--duration", "--num-requests", "--connections",
                 "--model", "--url", "--seed", "--concurrency", "--arrival", "--trace"],
+    ("llm", "simulate"): ["--rate", "--max-num-seqs", "--max-num-batched-tokens", "--tp",
+                          "--replicas", "--prefix-tokens", "--prefix-hit-share",
+                          "--compute-efficiency", "--memory-efficiency", "--overhead-ms",
+                          "--model", "--kv-dtype", "--block-size", "--arrival", "--seed",
+                          "--gpu-memory-utilization"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out"],
 }
@@ -148,7 +153,10 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
          ("kv",): [], ("kv", "paging"): ["--requests", "60"],
          # port 9 on loopback: nothing listens, so a valid command line is refused at once
          ("load",): ["--url", "http://127.0.0.1:9", "--model", "m"],
-         ("validate",): ["--url", "http://127.0.0.1:9", "--model", "m"]}
+         ("validate",): ["--url", "http://127.0.0.1:9", "--model", "m"],
+         # lengths stay small here (a long legitimate run is not the fuzz's business)
+         ("llm", "simulate"): ["--num-requests", "20", "--prompt-tokens", "64",
+                               "--output-tokens", "16"]}
 
 
 @st.composite

@@ -169,3 +169,21 @@ def test_roofline_batch1_decode_matches_published_vllm(gpu, measured_ms):
     # one decode token at a 1,024-token context: the weights plus that context's KV
     predicted = model.step_s(1, 1024.0, 1024.0) * 1e3
     assert predicted == pytest.approx(measured_ms, rel=0.10), (gpu, predicted)
+
+
+@pytest.mark.parametrize("args", [
+    ["--rate", "0"], ["--num-requests", "0"], ["--prompt-tokens", "0"],
+    ["--output-tokens", "100", "--output-tokens-p99", "50"],
+    ["--num-requests", "1000000", "--output-tokens", "1000"],  # past the total-token cap
+    ["--replicas", "0"], ["--compute-efficiency", "2"], ["--arrival", "bursty"],
+    ["--prefix-hit-share", "1.5"], ["--tp", "3", "--model", "llama-3.1-8b"],
+])
+def test_llm_simulate_mistakes_are_one_line(args):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "servelab", "llm", "simulate", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode in (1, 2), (args, r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr

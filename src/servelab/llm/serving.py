@@ -55,6 +55,7 @@ from servelab.llm.kv import (
 MAX_REQUESTS = 1_000_000
 MAX_TOKENS_PER_REQUEST = 10_000_000
 MAX_STEPS = 20_000_000
+MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 Z99 = 2.3263478740408408
 
@@ -365,12 +366,16 @@ class Workload:
         n = self.num_requests
         gaps = (rng.exponential(1 / self.request_rate, n) if self.arrival == "poisson"
                 else np.full(n, 1 / self.request_rate))
-        return Requests(np.cumsum(gaps),
-                        lognormal_lengths(self.prompt_tokens, self.prompt_tokens_p99, n, rng,
-                                          "--prompt-tokens"),
-                        lognormal_lengths(self.output_tokens, self.output_tokens_p99, n, rng,
-                                          "--output-tokens"),
-                        rng.random(n) < prefix_hit_share)
+        prompt = lognormal_lengths(self.prompt_tokens, self.prompt_tokens_p99, n, rng,
+                                   "--prompt-tokens")
+        output = lognormal_lengths(self.output_tokens, self.output_tokens_p99, n, rng,
+                                   "--output-tokens")
+        total = int(prompt.sum()) + int(output.sum())
+        if total > MAX_TOTAL_TOKENS:
+            raise invalid("--num-requests x tokens", f"{total:,} tokens",
+                          f"at most {MAX_TOTAL_TOKENS:,} prompt and output tokens in all",
+                          "fewer requests or shorter prompts and outputs")
+        return Requests(np.cumsum(gaps), prompt, output, rng.random(n) < prefix_hit_share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,6 +440,11 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
             raise invalid(name, v, "a fraction in (0, 1]", f"e.g. {name} 0.5")
     if not (math.isfinite(overhead_ms) and 0 <= overhead_ms <= 1000):
         raise invalid("--overhead-ms", overhead_ms, "0 to 1,000 ms", "e.g. --overhead-ms 0.5")
+    heads = spec.model.num_attention_heads
+    if heads % spec.tp:
+        raise invalid("--tp", spec.tp, f"a divisor of the model's {heads} attention heads "
+                      "(vLLM splits heads evenly over the tensor-parallel group)",
+                      f"use --tp {max(d for d in (1, 2, 4, 8, 16) if heads % d == 0)}")
     pool = size_pool(spec)
     if pool.num_blocks < 1:
         raise invalid("KV pool", 0, "at least one block", "more GPUs (--tp), a smaller "
