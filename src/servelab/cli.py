@@ -363,6 +363,69 @@ def llm_simulate(
         stdout.print(f"note: {n}", highlight=False)
 
 
+@llm_app.command("plan")
+def llm_plan(
+    scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
+    weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="GPUs per replica.")] = None,
+    gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="vLLM max_num_batched_tokens.")] = None,
+    rate: Annotated[float, typer.Option(help="Requests per second (all replicas).")] = 5.0,
+    num_requests: Annotated[int, typer.Option(help="Requests to simulate per try.")] = 2000,
+    prompt_tokens: Annotated[float, typer.Option(help="Prompt length, mean tokens.")] = 512,
+    prompt_tokens_p99: Annotated[float | None, typer.Option(help="Prompt p99.")] = None,
+    output_tokens: Annotated[float, typer.Option(help="Output length, mean tokens.")] = 256,
+    output_tokens_p99: Annotated[float | None, typer.Option(help="Output p99.")] = None,
+    ttft_p99_ms: Annotated[float, typer.Option(help="SLO: p99 time to first token.")
+                           ] = 1000.0,
+    tpot_p99_ms: Annotated[float, typer.Option(help="SLO: p99 time per output token.")
+                           ] = 50.0,
+    max_replicas: Annotated[int, typer.Option(help="Largest replica count to try.")] = 256,
+    seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """The fewest replicas meeting p99 TTFT and TPOT SLOs, and $ per 1M tokens there."""
+    from servelab.llm.serving import Workload, plan_llm
+
+    given = dict(locals())
+    given["num_gpus"] = tp
+    given["context"] = None
+    s = _load(given, _LLM_KEYS)
+    if not 0 <= seed <= 2**63 - 1:
+        raise invalid("--seed", seed, "a whole number >= 0", "e.g. --seed 0")
+    result = plan_llm(pool_spec(s), Workload(
+        request_rate=rate, num_requests=num_requests, prompt_tokens=prompt_tokens,
+        prompt_tokens_p99=prompt_tokens_p99, output_tokens=output_tokens,
+        output_tokens_p99=output_tokens_p99, seed=seed),
+        ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas)
+    d = result.to_dict()
+    if as_json:
+        _emit_json(d)
+        return
+    t = Table(title=f"replicas tried (SLO: TTFT p99 <= {ttft_p99_ms:g} ms, TPOT p99 <= "
+                    f"{tpot_p99_ms:g} ms)", title_justify="left")
+    for c in ("replicas", "TTFT p99 ms", "TPOT p99 ms", "$/1M output", "meets"):
+        t.add_column(c, justify="right")
+    for row in d["search"]:
+        cost = row["cost_per_million_output_usd"]
+        t.add_row(str(row["replicas"]), _fmt_ms(row["ttft_p99_ms"]),
+                  _fmt_ms(row["tpot_p99_ms"]), "n/a" if cost is None else f"{cost:,.2f}",
+                  "yes" if row["meets"] else "no")
+    stdout.print(t)
+    if d["replicas"] is None:
+        stdout.print(f"no replica count up to {max_replicas} meets the SLOs; fix: relax them, "
+                     "or a faster GPU / smaller model", highlight=False)
+        return
+    rep = d["report"]
+    stdout.print(f"{d['replicas']} replicas ({d['gpus']} GPUs): TTFT p99 "
+                 f"{rep['ttft_ms']['p99']:,.1f} ms, TPOT p99 {rep['tpot_ms']['p99']:,.1f} ms; "
+                 f"${rep['cost_per_million_output_usd']:,.2f} per 1M output tokens, "
+                 f"${rep['cost_per_million_input_usd']:,.2f} per 1M input tokens",
+                 highlight=False)
+
+
 def _fmt_ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.1f}"
 

@@ -144,6 +144,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--compute-efficiency", "--memory-efficiency", "--overhead-ms",
                           "--model", "--kv-dtype", "--block-size", "--arrival", "--seed",
                           "--gpu-memory-utilization"],
+    ("llm", "plan"): ["--rate", "--max-num-seqs", "--tp", "--ttft-p99-ms", "--tpot-p99-ms",
+                      "--max-replicas", "--model", "--seed"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out"],
 }
@@ -156,7 +158,9 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
          ("validate",): ["--url", "http://127.0.0.1:9", "--model", "m"],
          # lengths stay small here (a long legitimate run is not the fuzz's business)
          ("llm", "simulate"): ["--num-requests", "20", "--prompt-tokens", "64",
-                               "--output-tokens", "16"]}
+                               "--output-tokens", "16"],
+         ("llm", "plan"): ["--num-requests", "20", "--prompt-tokens", "64",
+                           "--output-tokens", "16", "--max-replicas", "8"]}
 
 
 @st.composite

@@ -187,3 +187,27 @@ def test_llm_simulate_mistakes_are_one_line(args):
     assert r.returncode in (1, 2), (args, r.returncode, r.stderr)
     assert r.stderr.count("\n") == 1, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_plan_finds_the_fewest_replicas_meeting_the_slos():
+    from servelab.api import load
+    from servelab.llm.pool import pool_spec
+    from servelab.llm.serving import plan_llm
+
+    s = load("seed", {"llm.model": "llama-3.1-8b", "llm.num_gpus": 1, "llm.tp": 1,
+                      "llm.kv_dtype": "auto", "llm.weight_dtype": "auto", "llm.gpu": "H100-SXM"})
+    spec = pool_spec(s)
+    w = Workload(request_rate=30, num_requests=600, prompt_tokens=512, output_tokens=128)
+    plan = plan_llm(spec, w, ttft_p99_ms=400, tpot_p99_ms=25, max_replicas=16)
+    assert plan.replicas is not None
+    # the same answer as trying every count from 1 up
+    brute = next(r for r in range(1, 17)
+                 if (rep := serve_llm(spec, w, replicas=r)).requests["rejected"] == 0
+                 and rep.ttft_ms["p99"] <= 400 and rep.tpot_ms["p99"] <= 25)
+    assert plan.replicas == brute
+    assert plan.gpus == plan.replicas
+    d = plan.to_dict()
+    assert d["report"]["replicas"] == plan.replicas
+    none = plan_llm(spec, w, ttft_p99_ms=0.001, tpot_p99_ms=0.001, max_replicas=4)
+    assert none.replicas is None
+    assert [r["replicas"] for r in none.search] == [1, 2, 4]

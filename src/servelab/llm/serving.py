@@ -521,3 +521,65 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                   "preempt_time_s": first_res.preempt_time_s.tolist() if first_res else []},
         notes=tuple(notes),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LlmPlan:
+    replicas: int | None  # None: no count up to the cap meets the SLOs
+    gpus: int | None
+    ttft_p99_slo_ms: float
+    tpot_p99_slo_ms: float
+    report: ServingReport | None
+    search: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = _finite({
+            "replicas": self.replicas, "gpus": self.gpus,
+            "ttft_p99_slo_ms": self.ttft_p99_slo_ms, "tpot_p99_slo_ms": self.tpot_p99_slo_ms,
+            "search": self.search})
+        out["report"] = self.report.to_dict() if self.report is not None else None
+        return out
+
+
+MAX_PLAN_REPLICAS = 1024
+
+
+def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99_ms: float,
+             max_replicas: int = MAX_PLAN_REPLICAS, **options: Any) -> LlmPlan:
+    """The fewest replicas (each of `spec.tp` GPUs) whose p99 TTFT and p99 TPOT meet the
+    SLOs with every request served: doubling, then bisection (more replicas never hurt:
+    each gets a smaller share of the same stream)."""
+    for name, v in (("--ttft-p99-ms", ttft_p99_ms), ("--tpot-p99-ms", tpot_p99_ms)):
+        if not (math.isfinite(v) and 0 < v <= 3_600_000):
+            raise invalid(name, v, "milliseconds above 0, up to an hour", f"e.g. {name} 500")
+    if not 1 <= max_replicas <= MAX_PLAN_REPLICAS:
+        raise invalid("--max-replicas", max_replicas, f"1 to {MAX_PLAN_REPLICAS}",
+                      "e.g. --max-replicas 64")
+    tried: dict[int, ServingReport] = {}
+    search: list[dict[str, Any]] = []
+
+    def meets(r: int) -> bool:
+        if r not in tried:
+            rep = serve_llm(spec, workload, replicas=r, **options)
+            tried[r] = rep
+            ok = (rep.requests["rejected"] == 0
+                  and rep.ttft_ms["p99"] <= ttft_p99_ms and rep.tpot_ms["p99"] <= tpot_p99_ms)
+            search.append({"replicas": r, "ttft_p99_ms": rep.ttft_ms["p99"],
+                           "tpot_p99_ms": rep.tpot_ms["p99"], "meets": ok,
+                           "cost_per_million_output_usd": rep.cost_per_million_output_usd})
+        return bool(search[[s["replicas"] for s in search].index(r)]["meets"])
+
+    hi = 1
+    while not meets(hi):
+        if hi >= max_replicas:
+            return LlmPlan(None, None, ttft_p99_ms, tpot_p99_ms, None, search)
+        hi = min(hi * 2, max_replicas)
+    lo = hi // 2  # fails (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if meets(mid):
+            hi = mid
+        else:
+            lo = mid
+    return LlmPlan(hi, hi * spec.tp, ttft_p99_ms, tpot_p99_ms, tried[hi],
+                   sorted(search, key=lambda s: s["replicas"]))
