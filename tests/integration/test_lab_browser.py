@@ -203,6 +203,19 @@ def test_warnings_reach_the_page(browser, lab_url):
     page.close()
 
 
+def test_every_chart_has_axis_titles(browser, lab_url):
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.querySelector('#chart-paging .main-svg') !== null",
+                           timeout=60_000)
+    for chart in ("chart-budget", "chart-hist", "chart-window", "chart-qps", "chart-vram",
+                  "chart-paging"):
+        titles = page.eval_on_selector_all(
+            f"#{chart} .g-xtitle text, #{chart} .g-ytitle text",
+            "els => els.map(e => e.textContent)")
+        assert any(t.strip() for t in titles), (chart, titles)
+    assert not watch.errors, watch.errors
+
+
 def test_drift_section_moves_with_its_sliders(browser, lab_url):
     """Features and drift: the PSI read-out equals servelab.drift on the same sample, a
     mean shift raises an alert, a tiny window of an unchanged feature does not, and the

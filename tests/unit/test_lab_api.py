@@ -87,3 +87,21 @@ def test_a_scenario_with_nothing_served_still_answers(client):
         assert r.status_code == 200, r.text
     assert client.post("/api/update", json={"state": state}).json()["simulate"]["latency"][
         "p50_ms"] is None
+
+
+def test_a_preview_update_is_smaller_says_so_and_the_full_one_is_not(client):
+    state = default_state()
+    prev = client.post("/api/update", json={"state": state, "preview": True}).json()
+    full = client.post("/api/update", json={"state": state}).json()
+    assert prev["preview"] is True
+    assert prev["simulate"]["requests"]["arrivals"] == 20_000
+    assert any(n.startswith("preview while the slider moves") for n in prev["notes"])
+    assert full["preview"] is False
+    assert full["simulate"]["requests"]["arrivals"] == state["workload.num_requests"]
+
+
+def test_plotly_is_served_compressed_and_cached(client):
+    r = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert r.status_code == 200
+    assert r.headers["content-encoding"] == "gzip"
+    assert "max-age" in r.headers["cache-control"]

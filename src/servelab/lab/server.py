@@ -21,6 +21,7 @@ from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.gzip import GZipMiddleware
 
 from servelab.api import run_plan, run_simulate, run_sweep
 from servelab.catalog import gpu_names
@@ -53,6 +54,7 @@ PAGING_REQUESTS = 400
 # interactive update simulates at most this many requests (the page says when it caps),
 # the planner searches at most this many GPUs, and a request body is at most this large.
 LAB_MAX_REQUESTS = 200_000
+PREVIEW_REQUESTS = 20_000
 LAB_MAX_GPUS = 4_096
 LAB_MAX_BODY_BYTES = 4 * 1024 * 1024
 # The paging replay's pool: more tokens than its requests can ever hold changes nothing.
@@ -65,6 +67,9 @@ _pool = ThreadPoolExecutor(max_workers=2)
 
 class StateIn(BaseModel):
     state: dict[str, Any]
+    # While a slider moves: a smaller run for the read-outs (the page marks them as a
+    # preview); the full run follows when it is let go.
+    preview: bool = False
 
 
 class TomlIn(BaseModel):
@@ -79,9 +84,13 @@ class LabConfig:
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
 
-def _capped(s: Scenario) -> tuple[Scenario, tuple[str, ...]]:
+def _capped(s: Scenario, preview: bool = False) -> tuple[Scenario, tuple[str, ...]]:
     """The scenario within the lab's per-call limits, and a note for each cap applied."""
     notes = []
+    if preview and s.workload.num_requests > PREVIEW_REQUESTS:
+        notes.append(f"preview while the slider moves: {PREVIEW_REQUESTS:,} of "
+                     f"{s.workload.num_requests:,} requests; the full run follows on release")
+        s = replace(s, workload=replace(s.workload, num_requests=PREVIEW_REQUESTS))
     if s.workload.num_requests > LAB_MAX_REQUESTS:
         notes.append(f"the lab simulates at most {LAB_MAX_REQUESTS:,} requests per update "
                      f"(asked {s.workload.num_requests:,}); run `servelab simulate` for more")
@@ -220,6 +229,8 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
     drift_lab = DriftLab()
     app = FastAPI(title="servelab lab", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    # plotly.js is 4.8 MB; gzip makes it about a third of that, and the browser keeps it.
+    app.add_middleware(GZipMiddleware, minimum_size=1024)
     app.add_middleware(GuardMiddleware, allowed_hosts=cfg.allowed_hosts,
                        max_body=LAB_MAX_BODY_BYTES)
 
@@ -260,7 +271,8 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
 
     @app.get("/vendor/plotly.min.js")
     def plotly_js() -> FileResponse:
-        return FileResponse(PLOTLY_JS, media_type="text/javascript")
+        return FileResponse(PLOTLY_JS, media_type="text/javascript",
+                            headers={"Cache-Control": "public, max-age=86400"})
 
     @app.get("/favicon.ico")
     def favicon() -> Response:
@@ -279,8 +291,10 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
 
     @app.post("/api/update")
     def update(body: StateIn) -> Response:
-        s, caps = _capped(scenario(body.state))
-        return json_response(_update(s, caps))
+        s, caps = _capped(scenario(body.state), body.preview)
+        out = _update(s, caps)
+        return json_response({**out, "preview": body.preview and any(
+            c.startswith("preview") for c in caps)})
 
     @app.post("/api/charts")
     def charts(body: StateIn) -> Response:

@@ -136,8 +136,8 @@ function buildControl(c) {
     const num = row.querySelector('input[type="number"]');
     // While a slider moves only the read-outs follow (one request per move); the sweeps
     // behind the charts are redrawn when it is let go.
-    range.addEventListener("input", () => { num.value = range.value; set(c.key, Number(range.value), false); });
-    range.addEventListener("change", () => schedule(true));
+    range.addEventListener("input", () => { num.value = range.value; dragging = true; set(c.key, Number(range.value), false); });
+    range.addEventListener("change", () => { dragging = false; schedule(true); });
     num.addEventListener("change", () => { range.value = num.value; set(c.key, Number(num.value)); });
   }
   return row;
@@ -170,6 +170,7 @@ function applyPreset(name) {
 }
 
 let wantCharts = true;
+let dragging = false;  // a slider is moving: read-outs come from a smaller preview run
 
 function set(key, value, charts = true) {
   state[key] = value;
@@ -199,7 +200,8 @@ async function refresh() {
     const poolChanged = JSON.stringify(pick(sent, "llm.", "hardware.gpu")) !== JSON.stringify(last.poolKey);
     const withCharts = wantCharts || !last.charts;
     wantCharts = false;
-    const [upd, charts] = await Promise.all([post("/api/update", { state: sent }),
+    const preview = dragging;
+    const [upd, charts] = await Promise.all([post("/api/update", { state: sent, preview }),
       withCharts ? post("/api/charts", { state: sent }) : Promise.resolve(last.charts)]);
     last.update = upd;
     last.charts = charts;
@@ -211,6 +213,7 @@ async function refresh() {
       last.paging = await post("/api/paging", { state: sent });
     }
     $("#error").hidden = true;
+    $("#results").dataset.preview = upd.preview ? "1" : "";
     render();
     writeUrl();
     $("#status").textContent = "";
@@ -266,34 +269,34 @@ function drawCharts() {
     ...parts.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["mean"], x: [c[k].mean_ms], marker: { color } })),
     { type: "scatter", mode: "markers", name: "p50", y: ["mean"], x: [sim.latency.p50_ms], marker: { symbol: "line-ns-open", size: 24, color: "#333" } },
     { type: "scatter", mode: "markers", name: "p99", y: ["mean"], x: [sim.latency.p99_ms], marker: { symbol: "line-ns-open", size: 24, color: "#c0392b" } },
-  ], { ...LAYOUT, barmode: "stack", xaxis: { title: "ms" } }, CONFIG);
+  ], { ...LAYOUT, barmode: "stack", xaxis: { title: { text: "latency (ms)" } } }, CONFIG);
   const hist = sim.batching.batch_size_histogram;
   Plotly.react("chart-hist", [{ type: "bar", x: Object.keys(hist).map(Number), y: Object.values(hist), marker: { color: "#6cae75" } }],
-    { ...LAYOUT, xaxis: { title: "rows per batch" }, yaxis: { title: "batches" } }, CONFIG);
+    { ...LAYOUT, xaxis: { title: { text: "rows per batch" } }, yaxis: { title: { text: "batches" } } }, CONFIG);
   const w = last.charts.window_sweep;
   Plotly.react("chart-window", [
     { name: "p50 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p50_ms), mode: "lines+markers" },
     { name: "p99 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p99_ms), mode: "lines+markers" },
     { name: "throughput capacity (req/s)", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.capacity_per_s), yaxis: "y2", mode: "lines", line: { dash: "dot" } },
-  ], { ...LAYOUT, xaxis: { title: "batch window (ms)" }, yaxis: { title: "ms" }, yaxis2: { title: "req/s", overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
+  ], { ...LAYOUT, xaxis: { title: { text: "batch window (ms)" } }, yaxis: { title: { text: "ms" } }, yaxis2: { title: { text: "req/s" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
   const q = last.charts.qps_sweep;
   Plotly.react("chart-qps", [
     { name: "GPU busy", x: q.map((r) => r.qps), y: q.map((r) => r.busy_fraction), mode: "lines+markers" },
     { name: "p99 ms", x: q.map((r) => r.qps), y: q.map((r) => r.p99_ms), yaxis: "y2", mode: "lines+markers" },
-  ], { ...LAYOUT, xaxis: { title: "QPS" }, yaxis: { title: "busy", tickformat: ".0%", range: [0, 1.05] }, yaxis2: { title: "p99 ms", overlaying: "y", side: "right" } }, CONFIG);
+  ], { ...LAYOUT, xaxis: { title: { text: "offered load (requests/s)" } }, yaxis: { title: { text: "GPU busy" }, tickformat: ".0%", range: [0, 1.05] }, yaxis2: { title: { text: "p99 ms" }, overlaying: "y", side: "right" } }, CONFIG);
   const kv = last.update.kv;
   if (kv) {
     const g = kv.memory.per_gpu;
     const segs = [["weights_bytes", "weights", "#8e8e8e"], ["activation_bytes", "activation", "#f2b134"], ["non_torch_bytes", "non-torch", "#d98880"],
       ["cudagraph_bytes", "CUDA graphs", "#a57fc0"], ["kv_pool_bytes", "KV pool", "#6cae75"], ["unused_bytes", "left by utilization", "#d5dbdb"]];
     Plotly.react("chart-vram", segs.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["GPU"], x: [g[k] / 2 ** 30], marker: { color } })),
-      { ...LAYOUT, barmode: "stack", xaxis: { title: "GiB" } }, CONFIG);
+      { ...LAYOUT, barmode: "stack", xaxis: { title: { text: "GiB" } } }, CONFIG);
   }
   if (last.paging) {
     const res = last.paging.results;
     const kinds = [["token", "token states", "#6cae75"], ["reserved", "reserved", "#f2b134"], ["internal", "internal frag.", "#d98880"], ["external", "external frag.", "#a57fc0"], ["free", "free", "#d5dbdb"]];
     Plotly.react("chart-paging", kinds.map(([k, name, color]) => ({ type: "bar", name, x: res.map((r) => r.strategy.replace("contiguous_", "contig. ")), y: res.map((r) => r.under_load[k]), marker: { color } })),
-      { ...LAYOUT, barmode: "stack", yaxis: { tickformat: ".0%", range: [0, 1] } }, CONFIG);
+      { ...LAYOUT, barmode: "stack", yaxis: { title: { text: "share of the KV pool" }, tickformat: ".0%", range: [0, 1] } }, CONFIG);
   }
 }
 
