@@ -179,6 +179,20 @@ def test_loading_a_toml_file_and_bad_input(browser, lab_url, tmp_path):
     page.dispatch_event("#c-batching-max-batch-size", "change")
     page.wait_for_selector("#error:not([hidden])", timeout=30_000)
     assert "[batching] max_batch_size = 0" in page.inner_text("#error")
+    # ...at the field it names, and the read-outs are marked as not the current state
+    assert page.get_attribute("#c-batching-max-batch-size", "aria-invalid") == "true"
+    assert page.get_attribute("#results", "data-stale") == "1"
+    page.fill("#c-batching-max-batch-size", "32")
+    page.dispatch_event("#c-batching-max-batch-size", "change")
+    page.wait_for_selector("#error[hidden]", state="attached", timeout=30_000)
+    assert page.get_attribute("#c-batching-max-batch-size", "aria-invalid") is None
+    # the same file loaded a second time loads again
+    page.fill("#c-workload-qps", "2500")
+    page.dispatch_event("#c-workload-qps", "change")
+    settle(page)
+    page.set_input_files("#file-load", str(toml))
+    page.wait_for_function("document.querySelector('#c-workload-qps').value === '3100'",
+                           timeout=30_000)
     assert [e for e in watch.errors if "400" not in e] == []
     page.close()
 

@@ -212,19 +212,41 @@ async function refresh() {
       last.poolKey = pick(sent, "llm.", "hardware.gpu");
       last.paging = await post("/api/paging", { state: sent });
     }
-    $("#error").hidden = true;
+    clearError();
     $("#results").dataset.preview = upd.preview ? "1" : "";
     render();
     writeUrl();
     $("#status").textContent = "";
     document.body.dataset.ready = "1";
   } catch (err) {
-    $("#error").textContent = err.message;
-    $("#error").hidden = false;
+    showError(err.message);
     $("#status").textContent = "";
+    $("#results").dataset.stale = "1";  // the read-outs are from the last good state
   } finally {
     inFlight = false;
     if (dirty) refresh();
+  }
+}
+
+function showError(message) {
+  $("#error").textContent = message;
+  $("#error").hidden = false;
+  for (const row of document.querySelectorAll(".control.bad")) row.classList.remove("bad");
+  // "[section] key = value: ..." names a scenario key: mark its control
+  const m = /\[(\w+)\] (\w+)/.exec(message);
+  const row = m && document.querySelector(`.control[data-key="${m[1]}.${m[2]}"]`);
+  if (row) {
+    row.classList.add("bad");
+    for (const el of row.querySelectorAll("input, select")) el.setAttribute("aria-invalid", "true");
+  }
+}
+
+function clearError() {
+  $("#error").hidden = true;
+  $("#results").dataset.stale = "";
+  for (const row of document.querySelectorAll(".control.bad")) {
+    row.classList.remove("bad");
+    for (const el of row.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
   }
 }
 
@@ -247,6 +269,16 @@ function render() {
     el.dataset.value = v === undefined ? "" : JSON.stringify(v);
     el.textContent = fmt(v, el.dataset.fmt);
   }
+  const plan = last.update.plan;
+  const gpus = $("#out-gpus");
+  if (plan && plan.meets_slo === false) {  // the search hit its ceiling: say it, not a bare count
+    gpus.textContent = `${fmt(plan.num_gpus, "int")}: SLO not met`;
+    gpus.classList.add("miss");
+  } else gpus.classList.remove("miss");
+  const g = last.update.kv && last.update.kv.memory.per_gpu;
+  $("#out-vram-headroom").textContent = g
+    ? `KV pool ${(g.kv_pool_bytes / 2 ** 30).toFixed(1)} GiB, left by utilization ${(g.unused_bytes / 2 ** 30).toFixed(1)} GiB per GPU`
+    : "";
   renderNotes([...(last.update.notes || []), ...((last.paging && last.paging.notes) || [])]);
   drawCharts();
 }
@@ -340,12 +372,13 @@ async function init() {
   $("#file-load").addEventListener("change", async (e) => {
     const file = e.target.files[0];
     if (!file) return;
+    e.target.value = "";  // so choosing the same file again loads it again
     try {
       const parsed = await post("/api/parse", { toml: await file.text() });
       state = parsed.state;
       showControls();
       schedule();
-    } catch (err) { $("#error").textContent = err.message; $("#error").hidden = false; }
+    } catch (err) { showError(err.message); }
   });
   refresh();
 }
@@ -391,11 +424,9 @@ async function driftRefresh() {
       { type: "bar", name: "current", x: d.bins, y: d.current_share, marker: { color: "#1f77b4" } },
     ], { ...LAYOUT, barmode: "group", yaxis: { title: { text: "share of rows" }, tickformat: ".0%" },
       xaxis: { title: { text: `${d.feature} bin` }, automargin: true } }, CONFIG);
-    $("#error").hidden = true;
     document.body.dataset.driftReady = "1";
   } catch (err) {
-    $("#error").textContent = err.message;
-    $("#error").hidden = false;
+    showError(err.message);
   } finally {
     DRIFT.inFlight = false;
     if (DRIFT.dirty) driftRefresh();
@@ -405,7 +436,7 @@ async function driftRefresh() {
 async function driftInit() {
   try {
     DRIFT.meta = await (await fetch("/api/drift/meta")).json();
-  } catch (err) { $("#error").textContent = String(err); $("#error").hidden = false; return; }
+  } catch (err) { showError(String(err)); return; }
   const sel = $("#drift-feature");
   sel.replaceChildren(...DRIFT.meta.features.map((f) => {
     const o = document.createElement("option"); o.value = f.name; o.textContent = `${f.name} (${f.kind})`; return o;
