@@ -146,6 +146,12 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--gpu-memory-utilization"],
     ("llm", "plan"): ["--rate", "--max-num-seqs", "--tp", "--ttft-p99-ms", "--tpot-p99-ms",
                       "--max-replicas", "--model", "--seed"],
+    ("serve",): ["--model", "--max-batch-size", "--max-queue-delay-us", "--instances",
+                  "--preferred-batch-size", "--timeout-us", "--max-queue-size", "--missing",
+                  "--drift-window", "--drift-interval", "--port", "--store",
+                  "--feature-service"],
+    ("features", "train"): ["--service", "--labels", "--label", "--out", "--engine"],
+    ("features", "skew"): ["--service", "--log", "--engine"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out"],
 }
@@ -156,6 +162,10 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
          # port 9 on loopback: nothing listens, so a valid command line is refused at once
          ("load",): ["--url", "http://127.0.0.1:9", "--model", "m"],
          ("validate",): ["--url", "http://127.0.0.1:9", "--model", "m"],
+         # an address this machine does not have: a valid command line stops at the bind
+         ("serve",): ["--host", "192.0.2.1"],
+         ("features", "train"): ["--repo", "/nonexistent-servelab-repo"],
+         ("features", "skew"): ["--repo", "/nonexistent-servelab-repo"],
          # lengths stay small here (a long legitimate run is not the fuzz's business)
          ("llm", "simulate"): ["--num-requests", "20", "--prompt-tokens", "64",
                                "--output-tokens", "16"],
