@@ -21,6 +21,16 @@ if [ ${#missing[@]} -gt 0 ]; then
              "fix: sudo apt-get install ${missing[*]}" >&2
     fi
 fi
+# A real Triton for the validation test: PyTriton bundles Triton's server and runs on
+# CPU; it pins its own NumPy, so it lives in a venv of its own (about 25 s to build).
+if [ ! -x .venv-pytriton/bin/python ] || ! .venv-pytriton/bin/python -c "import pytriton" \
+        2>/dev/null; then
+    echo "building .venv-pytriton (nvidia-pytriton) for the real-Triton test..." >&2
+    "${PYTHON:-python3}" -m venv .venv-pytriton
+    .venv-pytriton/bin/python -m pip install --quiet --disable-pip-version-check \
+        nvidia-pytriton || echo "note: nvidia-pytriton did not install; the real-Triton" \
+        "test will skip (and fail under CI=true)" >&2
+fi
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"

@@ -284,8 +284,6 @@ def validate(
         raise invalid("--model", None, "the model's name on the server", "e.g. --model resnet")
     with contextlib.ExitStack() as stack:
         if serve is not None:
-            import sys
-
             from servelab.gateway.demo import VALIDATION_MLP, write_mlp
 
             path = serve

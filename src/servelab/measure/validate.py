@@ -270,10 +270,25 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
     return prof
 
 
+def fitted_rows_ms(prof: Profile) -> dict[int, float]:
+    """The per-batch curve the scenario carries (time for b rows, before the per-request
+    term). Where batches of k one-row requests were measured directly, the curve there is
+    that time minus k x per_request_ms, so the simulator reproduces the direct measurement
+    for one-row traffic exactly; elsewhere it is the b-row requests' time."""
+    out = dict(prof.rows_ms)
+    for k, ms in prof.requests_ms.items():
+        derived = ms - prof.per_request_ms * k
+        if derived > 0:
+            out[k] = derived
+    if 1 in prof.rows_ms:  # one request of one row: measured as such
+        out[1] = prof.rows_ms[1]
+    return out
+
+
 def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile) -> Scenario:
     """The scenario the simulator predicts with: measured profile, policy, outside time."""
     p = sp.policy
-    points = [[b, round(max(ms, 1e-6), 6)] for b, ms in sorted(prof.rows_ms.items())]
+    points = [[b, round(max(ms, 1e-6), 6)] for b, ms in sorted(fitted_rows_ms(prof).items())]
     raw: dict[str, Any] = {
         "name": f"validate-{t.model}",
         "description": (f"Fitted by servelab validate to {t.model} at {t.base}: profile, "

@@ -1,0 +1,67 @@
+"""`servelab validate --url` against a real Triton (PyTriton's bundled server, CPU): the
+policy is read from Triton's own config endpoint, the model is profiled from Triton's
+statistics, and the simulator, fitted to that, predicts what the load then measures.
+
+Tolerances here are looser than the project's fidelity target (the README records the
+measured errors and what limits them on a 2-core machine shared with the client); they
+fail if validate reads the wrong policy, mis-profiles the model or mis-fits the batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.services import free_port, server_process
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = ROOT / "tests" / "triton_sleep_server.py"
+
+
+def pytriton_python() -> str | None:
+    given = os.environ.get("SERVELAB_PYTRITON_PYTHON")
+    py = Path(given) if given else ROOT / ".venv-pytriton" / "bin" / "python"
+    if not py.exists():
+        return None
+    ok = subprocess.run([str(py), "-c", "import pytriton"], capture_output=True)
+    return str(py) if ok.returncode == 0 else None
+
+
+@pytest.mark.slow
+def test_validate_against_a_real_triton(tmp_path):
+    py = pytriton_python()
+    if py is None:
+        pytest.skip("no PyTriton venv (scripts/test.sh builds .venv-pytriton)")
+    libdir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_config_var("
+                             "'LIBDIR'))"], capture_output=True, text=True).stdout.strip()
+    port = free_port()
+    env = {**os.environ, "LD_LIBRARY_PATH": libdir}
+    with server_process([py, str(SERVER), str(port)],
+                        f"http://127.0.0.1:{port}/v2/models/sleep/ready", timeout_s=120,
+                        env=env):
+        out = subprocess.run(
+            [sys.executable, "-m", "servelab", "validate", "--url", f"http://127.0.0.1:{port}",
+             "--model", "sleep", "--rates", "150,400", "--duration", "5", "--json",
+             "--out", str(tmp_path / "v")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["policy_source"] == "the server's config"
+    fitted = (tmp_path / "v" / "scenario.toml").read_text()
+    assert "max_batch_size = 32" in fitted
+    assert "max_queue_delay_microseconds = 2000" in fitted
+    prof = report["profile"]
+    rows = {int(k): v for k, v in prof["rows_ms"].items()}
+    assert sorted(rows) == [1, 2, 4, 8, 16, 32]
+    assert all(v > 2.0 for v in rows.values())  # every batch sleeps 2 ms
+    # Triton's Python backend costs something per request beyond the rows
+    assert prof["per_request_ms"] > 0.01
+    for r in report["rates"]:
+        c = r["compare"]
+        assert r["measured"]["errors"] == 0
+        assert abs(c["mean_batch"]["error"]) < 0.15, c["mean_batch"]
+        assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
+        assert abs(c["p50_ms"]["error"]) < 0.35, c["p50_ms"]
