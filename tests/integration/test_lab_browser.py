@@ -270,3 +270,34 @@ def test_drift_section_moves_with_its_sliders(browser, lab_url):
     assert not page.is_disabled("#drift-new")
     assert page.query_selector("#chart-drift .main-svg") is not None
     assert not watch.errors, watch.errors
+
+
+def test_a_validation_report_draws_over_the_qps_chart(browser, lab_url, tmp_path):
+    """The page reads a validation.json itself (nothing is sent to the server) and draws
+    its predicted and measured p99 against the rate; a file that is not one is refused
+    in one line."""
+    report = {"model": "demo", "url": "http://127.0.0.1:1", "within_tolerance": False,
+              "rates": [{"rate_per_s": r, "compare": {"p99_ms": {"measured": m, "predicted": p}}}
+                        for r, m, p in ((500, 7.8, 8.0), (1500, 11.3, 7.8), (2400, 20.7, 8.0))]}
+    good = tmp_path / "validation.json"
+    good.write_text(json.dumps(report))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rates": "no"}')
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.querySelector('#chart-qps .main-svg') !== null",
+                           timeout=60_000)
+    before = len(watch.urls)
+    page.set_input_files("#file-validation", str(good))
+    page.wait_for_function("document.getElementById('chart-qps').data.some("
+                           "t => t.name === 'validate: measured p99')", timeout=30_000)
+    traces = page.evaluate("document.getElementById('chart-qps').data.map("
+                           "t => [t.name, t.x, t.y])")
+    measured = next(t for t in traces if t[0] == "validate: measured p99")
+    assert measured[1] == [500, 1500, 2400]
+    assert measured[2] == [7.8, 11.3, 20.7]
+    assert "outside tolerance" in page.text_content("#out-validation")
+    assert not [u for u in watch.urls[before:] if "/api/" in u]  # read in the page only
+    page.set_input_files("#file-validation", str(bad))
+    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    assert "validation file" in page.inner_text("#error")
+    assert not watch.errors, watch.errors

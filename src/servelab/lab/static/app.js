@@ -312,9 +312,14 @@ function drawCharts() {
     { name: "throughput capacity (req/s)", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.capacity_per_s), yaxis: "y2", mode: "lines", line: { dash: "dot" } },
   ], { ...LAYOUT, xaxis: { title: { text: "batch window (ms)" } }, yaxis: { title: { text: "ms" } }, yaxis2: { title: { text: "req/s" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
   const q = last.charts.qps_sweep;
+  const v = last.validation;
   Plotly.react("chart-qps", [
     { name: "GPU busy", x: q.map((r) => r.qps), y: q.map((r) => r.busy_fraction), mode: "lines+markers" },
     { name: "p99 ms", x: q.map((r) => r.qps), y: q.map((r) => r.p99_ms), yaxis: "y2", mode: "lines+markers" },
+    ...(v ? [
+      { name: "validate: measured p99", x: v.rate, y: v.measured, yaxis: "y2", mode: "markers", marker: { symbol: "x", size: 10, color: "#222" } },
+      { name: "validate: predicted p99", x: v.rate, y: v.predicted, yaxis: "y2", mode: "lines", line: { dash: "dash", color: "#c0392b" } },
+    ] : []),
   ], { ...LAYOUT, xaxis: { title: { text: "offered load (requests/s)" } }, yaxis: { title: { text: "GPU busy" }, tickformat: ".0%", range: [0, 1.05] }, yaxis2: { title: { text: "p99 ms" }, overlaying: "y", side: "right" } }, CONFIG);
   const kv = last.update.kv;
   if (kv) {
@@ -330,6 +335,24 @@ function drawCharts() {
     Plotly.react("chart-paging", kinds.map(([k, name, color]) => ({ type: "bar", name, x: res.map((r) => r.strategy.replace("contiguous_", "contig. ")), y: res.map((r) => r.under_load[k]), marker: { color } })),
       { ...LAYOUT, barmode: "stack", yaxis: { title: { text: "share of the KV pool" }, tickformat: ".0%", range: [0, 1] } }, CONFIG);
   }
+}
+
+// A validation report (servelab validate --out DIR, DIR/validation.json), read in the page:
+// its predicted and measured p99 against the offered rate, over the QPS chart.
+function readValidation(text) {
+  let report;
+  try { report = JSON.parse(text); } catch { throw new Error("validation file: not JSON; fix: load the validation.json that servelab validate --out wrote"); }
+  const rows = report && Array.isArray(report.rates) ? report.rates : null;
+  const ok = rows && rows.length > 0 && rows.every((r) => r && typeof r.rate_per_s === "number"
+    && r.compare && r.compare.p99_ms && "measured" in r.compare.p99_ms && "predicted" in r.compare.p99_ms);
+  if (!ok) throw new Error("validation file: no rates with predicted and measured p99; fix: load the validation.json that servelab validate --out wrote");
+  const num = (x) => (typeof x === "number" && Number.isFinite(x) ? x : null);
+  return {
+    rate: rows.map((r) => r.rate_per_s),
+    measured: rows.map((r) => num(r.compare.p99_ms.measured)),
+    predicted: rows.map((r) => num(r.compare.p99_ms.predicted)),
+    label: `${String(report.model || "model").slice(0, 60)} at ${String(report.url || "?").slice(0, 80)}: ${report.within_tolerance ? "within" : "outside"} tolerance`,
+  };
 }
 
 function writeUrl() {
@@ -368,6 +391,19 @@ async function init() {
     catch { $("#status").textContent = location.href; }
   });
   $("#btn-load").addEventListener("click", () => $("#file-load").click());
+  $("#btn-validation").addEventListener("click", () => $("#file-validation").click());
+  $("#file-validation").addEventListener("change", async (e) => {
+    const file = e.target.files[0];
+    if (!file) return;
+    e.target.value = "";
+    try {
+      if (file.size > 4 * 1024 * 1024) throw new Error("validation file: over 4 MiB; fix: load the validation.json that servelab validate --out wrote");
+      last.validation = readValidation(await file.text());
+      $("#out-validation").textContent = ` · validation of ${last.validation.label}`;
+      clearError();
+      if (last.update && last.charts) drawCharts();
+    } catch (err) { showError(err.message); }
+  });
   $("#btn-reset").addEventListener("click", () => { state = { ...META.default_state }; showControls(); schedule(); });
   $("#file-load").addEventListener("change", async (e) => {
     const file = e.target.files[0];
