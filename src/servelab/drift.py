@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import InputError, invalid
+from servelab.report import jsonable
 
 WARN = 0.1
 ALERT = 0.25
@@ -108,18 +109,8 @@ class DriftReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["status"] = self.status
-        out: dict[str, Any] = _finite(d)
+        out: dict[str, Any] = jsonable(d)
         return out
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
 
 
 def check_settings(bins: int, epsilon: float, warn: float, alert: float) -> None:

@@ -132,6 +132,11 @@ class Report:
         return out
 
 
+def jsonable(x: Any) -> Any:
+    """A nested value with every non-finite float as None (JSON has no NaN or inf)."""
+    return _jsonable(x)
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _jsonable(v) for k, v in x.items()}

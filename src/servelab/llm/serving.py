@@ -51,6 +51,7 @@ from servelab.llm.kv import (
     size_pool,
     weights_bytes,
 )
+from servelab.report import jsonable
 
 MAX_REQUESTS = 1_000_000
 MAX_TOKENS_PER_REQUEST = 10_000_000
@@ -403,18 +404,8 @@ class ServingReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["notes"] = list(self.notes)
-        out: dict[str, Any] = _finite(d)
+        out: dict[str, Any] = jsonable(d)
         return out
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
 
 
 def _pcts(x: np.ndarray) -> dict[str, float]:
@@ -533,7 +524,7 @@ class LlmPlan:
     search: list[dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = _finite({
+        out: dict[str, Any] = jsonable({
             "replicas": self.replicas, "gpus": self.gpus,
             "ttft_p99_slo_ms": self.ttft_p99_slo_ms, "tpot_p99_slo_ms": self.tpot_p99_slo_ms,
             "search": self.search})

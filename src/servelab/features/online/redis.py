@@ -96,14 +96,20 @@ class RedisStore:
         written = sum(int(x) for x in results)
         return written, len(rows) - written
 
-    def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
-             now_us: int) -> list[OnlineValue]:
+    def _hmget(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str]
+               ) -> list[Any]:
+        """Each key's stored event time and values, in one pipelined round trip."""
         pipe = self.client.pipeline(transaction=False)
         fields = ["_ts", *features]
         prefix = f"{self.prefix}{view.name}:"
         for k in keys:
             pipe.hmget(prefix + entity_key(k), fields)
-        replies = self._guard(pipe.execute)
+        replies: list[Any] = self._guard(pipe.execute)
+        return replies
+
+    def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+             now_us: int) -> list[OnlineValue]:
+        replies = self._hmget(view, keys, features)
         convs = [converter(view.dtype(f)) for f in features]
         oldest = oldest_valid_us(view, now_us)
         out = []
@@ -123,12 +129,7 @@ class RedisStore:
 
     def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
                      now_us: int) -> tuple[list[list[Any]], list[str]]:
-        pipe = self.client.pipeline(transaction=False)
-        fields = ["_ts", *features]
-        prefix = f"{self.prefix}{view.name}:"
-        for k in keys:
-            pipe.hmget(prefix + entity_key(k), fields)
-        replies = self._guard(pipe.execute)
+        replies = self._hmget(view, keys, features)
         rows = [None if r[0] is None else (int(r[0]), *r[1:]) for r in replies]
         return columns_from_rows(rows, oldest_valid_us(view, now_us), len(features),
                                  [converter(view.dtype(f)) for f in features])
