@@ -301,3 +301,29 @@ def test_a_validation_report_draws_over_the_qps_chart(browser, lab_url, tmp_path
     page.wait_for_selector("#error:not([hidden])", timeout=30_000)
     assert "validation file" in page.inner_text("#error")
     assert not watch.errors, watch.errors
+
+
+def test_llm_section_runs_the_simulator_and_follows_its_sliders(browser, lab_url):
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
+    first = page.text_content("#out-llm-tps")
+    assert first
+    assert int(first.replace(",", "")) > 0
+    body = json.dumps({"model": "llama-3.1-8b", "gpu": "H100-SXM", "kv_dtype": "auto",
+                       "tp": 1, "replicas": 1, "rate": 5, "prompt_tokens": 512,
+                       "output_tokens": 256, "max_num_seqs": 256,
+                       "max_num_batched_tokens": 8192}).encode()
+    import urllib.request
+
+    req = urllib.request.Request(lab_url + "/api/llm", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        want = json.loads(r.read())
+    assert json.loads(page.get_attribute("#out-llm-ttft", "data-value")) == pytest.approx(
+        want["ttft_ms"]["p99"])
+    page.fill("#llm-rate", "20")
+    page.dispatch_event("#llm-rate", "change")
+    page.wait_for_function(f"document.querySelector('#out-llm-tps').textContent !== '{first}'",
+                           timeout=60_000)
+    assert page.query_selector("#chart-llm-rate .main-svg") is not None
+    assert page.query_selector("#chart-llm-kv .main-svg") is not None
+    assert not watch.errors, watch.errors

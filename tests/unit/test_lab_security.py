@@ -335,11 +335,13 @@ def test_generated_toml(client, text):
     st.fixed_dictionaries({}, optional={
         "feature": st.one_of(st.sampled_from(["avg_amount_7d", "country", "risk_score"]),
                              st.text(max_size=120)),
-        "mean_shift": st.one_of(st.floats(allow_nan=True), st.integers(), st.text(max_size=5)),
-        "spread": st.one_of(st.floats(allow_nan=True), st.none()),
+        "mean_shift": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(),
+                              st.text(max_size=5)),
+        "spread": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.none()),
         "missing": st.floats(-1, 2),
         "new_category": st.floats(-1, 2),
-        "rows": st.one_of(st.integers(-10, 10**9), st.floats()),
+        "rows": st.one_of(st.integers(-10, 10**9),
+                          st.floats(allow_nan=False, allow_infinity=False)),
         "seed": st.integers(-5, 2**40)}),
     st.lists(st.integers(), max_size=3), st.text(max_size=20)))
 def test_drift_endpoint_takes_any_body(client, body):
@@ -360,3 +362,35 @@ def test_drift_meta_names_the_example_features_and_parity(client):
     assert {f["name"] for f in d["features"]} >= {"avg_amount_7d", "risk_score", "country"}
     assert d["parity"]["ok"] is True
     assert d["parity"]["rows_checked"] > 0
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({}, optional={
+    "model": st.one_of(st.sampled_from(["llama-3.1-8b", "../../etc/passwd", "/etc/hosts"]),
+                       st.text(max_size=20)),
+    "gpu": st.one_of(st.sampled_from(["H100-SXM", "A100-40GB"]), st.text(max_size=10)),
+    "kv_dtype": st.sampled_from(["auto", "fp8", "bogus"]),
+    "tp": st.integers(-2, 100), "replicas": st.integers(-1, 100),
+    "rate": st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                      st.integers(-5, 20_000)),
+    "prompt_tokens": st.integers(-1, 40_000), "output_tokens": st.integers(-1, 10_000),
+    "max_num_seqs": st.integers(0, 5_000), "max_num_batched_tokens": st.integers(0, 200_000)}))
+def test_llm_endpoint_takes_any_body_in_bounded_time(client, body):
+    t0 = time.monotonic()
+    r = client.post("/api/llm", json=body)
+    assert time.monotonic() - t0 < 20
+    if r.status_code == 200:
+        d = r.json()
+        assert d["requests"]["served"] + d["requests"]["rejected"] == d["requests"]["arrived"]
+        assert len(d["sweep"]) == 6
+    else:
+        assert_json_error(r, 400)
+
+
+def test_llm_model_names_only_never_a_path(client, opened):
+    for name in ("/etc/hosts", "../../../etc/passwd", "config.json"):
+        r = client.post("/api/llm", json={"model": name})
+        assert "model" in assert_json_error(r, 400)
+    assert not [p for p in opened if "passwd" in p or p.endswith("hosts") or
+                p.endswith("config.json")]

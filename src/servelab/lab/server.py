@@ -29,6 +29,8 @@ from servelab.errors import InputError, ServelabError, cut
 from servelab.files import parse_toml
 from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
 from servelab.lab.drift_lab import DriftIn, DriftLab
+from servelab.lab.llm_lab import LlmIn
+from servelab.lab.llm_lab import run as run_llm
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec, run_paging
@@ -212,8 +214,9 @@ def _paging(s: Scenario) -> dict[str, Any]:
 
 
 def _one_line_validation(exc: RequestValidationError, path: str) -> str:
-    example = ('{"feature": "avg_amount_7d", "mean_shift": 0.5}' if path == "/api/drift"
-               else '{"state": {"workload.qps": 2000}}')
+    example = {"/api/drift": '{"feature": "avg_amount_7d", "mean_shift": 0.5}',
+               "/api/llm": '{"model": "llama-3.1-8b", "rate": 5}'}.get(
+        path, '{"state": {"workload.qps": 2000}}')
     errs = exc.errors()
     if not errs:
         return f"request body: not what the API expects; fix: send JSON like {example}"
@@ -306,6 +309,10 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
         # Only the LLM pool matters here: key the cache on it alone.
         return json_response(_paging(replace(Scenario(), hardware=s.hardware, llm=s.llm,
                                      base_dir=s.base_dir, sandbox=True)))
+
+    @app.post("/api/llm")
+    def llm(body: LlmIn) -> Response:
+        return json_response(run_llm(body))
 
     @app.get("/api/drift/meta")
     def drift_meta() -> Response:

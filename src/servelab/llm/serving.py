@@ -435,7 +435,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     if heads % spec.tp:
         raise invalid("--tp", spec.tp, f"a divisor of the model's {heads} attention heads "
                       "(vLLM splits heads evenly over the tensor-parallel group)",
-                      f"use --tp {max(d for d in (1, 2, 4, 8, 16) if heads % d == 0)}")
+                      f"use --tp {max(d for d in range(1, spec.tp + 1) if heads % d == 0)}")
     pool = size_pool(spec)
     if pool.num_blocks < 1:
         raise invalid("KV pool", 0, "at least one block", "more GPUs (--tp), a smaller "

@@ -489,5 +489,67 @@ async function driftInit() {
   driftRefresh();
 }
 
-init();
+// -- LLM serving --------------------------------------------------------------------------
+const LLM = { inFlight: false, dirty: false };
+const LLM_SLIDERS = ["tp", "replicas", "rate", "prompt_tokens", "output_tokens", "max_num_seqs", "max_num_batched_tokens"];
+
+function llmQuery() {
+  const q = { model: $("#llm-model").value, gpu: $("#llm-gpu").value, kv_dtype: $("#llm-kv_dtype").value };
+  for (const id of LLM_SLIDERS) q[id] = Number($(`#llm-${id}`).value);
+  return q;
+}
+
+async function llmRefresh() {
+  if (LLM.inFlight) { LLM.dirty = true; return; }
+  LLM.inFlight = true;
+  LLM.dirty = false;
+  try {
+    const d = await post("/api/llm", llmQuery());
+    const ms = (v) => (v == null ? "n/a" : v.toFixed(1));
+    $("#out-llm-ttft").textContent = `${ms(d.ttft_ms.p50)} / ${ms(d.ttft_ms.p99)} ms`;
+    $("#out-llm-ttft").dataset.value = JSON.stringify(d.ttft_ms.p99);
+    $("#out-llm-tpot").textContent = `${ms(d.tpot_ms.p50)} / ${ms(d.tpot_ms.p99)} ms`;
+    $("#out-llm-tps").textContent = Math.round(d.output_tokens_per_s).toLocaleString();
+    $("#out-llm-running").textContent = `mean running batch ${d.mean_running.toFixed(1)}; ${d.requests.preempted} preempted, ${d.requests.rejected} rejected`;
+    const cost = d.cost_per_million_output_usd;
+    $("#out-llm-cost").textContent = `${d.gpus} · ${cost == null ? "n/a" : "$" + cost.toFixed(2)}`;
+    $("#out-llm-notes").textContent = d.notes.slice(1).join("; ");
+    const sw = d.sweep;
+    Plotly.react("chart-llm-rate", [
+      { name: "TTFT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.ttft_p99_ms), mode: "lines+markers" },
+      { name: "TPOT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.tpot_p99_ms), yaxis: "y2", mode: "lines+markers" },
+    ], { ...LAYOUT, xaxis: { title: { text: "requests/s" } }, yaxis: { title: { text: "TTFT p99 (ms)" }, rangemode: "tozero" },
+      yaxis2: { title: { text: "TPOT p99 (ms)" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
+    const kv = d.kv_usage;
+    Plotly.react("chart-llm-kv", [
+      { name: "KV blocks in use", x: kv.time_s, y: kv.blocks, mode: "lines" },
+      { name: "preemption", x: kv.preempt_time_s, y: kv.preempt_time_s.map(() => d.num_blocks_per_replica), mode: "markers", marker: { symbol: "x", color: "#c0392b" } },
+    ], { ...LAYOUT, xaxis: { title: { text: "time (s)" } }, yaxis: { title: { text: "KV blocks" }, range: [0, d.num_blocks_per_replica * 1.05] } }, CONFIG);
+    document.body.dataset.llmReady = "1";
+  } catch (err) {
+    showError(err.message);
+  } finally {
+    LLM.inFlight = false;
+    if (LLM.dirty) llmRefresh();
+  }
+}
+
+function llmInit() {
+  const fill = (id, options, value) => {
+    $(id).replaceChildren(...options.map((o) => { const e = document.createElement("option"); e.value = o; e.textContent = o; return e; }));
+    $(id).value = value;
+    $(id).addEventListener("change", llmRefresh);
+  };
+  fill("#llm-model", META.models, "llama-3.1-8b");
+  fill("#llm-gpu", META.gpus, "H100-SXM");
+  fill("#llm-kv_dtype", META.kv_dtypes, "auto");
+  for (const id of LLM_SLIDERS) {
+    const el = $(`#llm-${id}`);
+    el.addEventListener("input", () => { $(`#llm-${id}-v`).textContent = el.value; });
+    el.addEventListener("change", llmRefresh);  // on release: each run is 2,000 requests
+  }
+  llmRefresh();
+}
+
+init().then(llmInit);
 driftInit();
