@@ -38,7 +38,10 @@ def test_open_loop_percentiles_match_a_known_delay():
     # 20 ms in the stub (its loop's timers round up to the millisecond) plus loopback HTTP
     assert 19.9 <= np.percentile(lat, 50) <= 23.5
     assert np.percentile(lat, 99) <= 28.0
-    assert np.percentile(res.behind_ms, 99) < 3.0
+    # Sends leave on time: typically 0.1-0.5 ms late (the loop's own timers would make it
+    # 0.6 ms on average); a busy CI machine can hold one back a few ms now and then.
+    assert np.median(res.behind_ms) < 1.0
+    assert np.percentile(res.behind_ms, 99) < 20.0
 
 
 def test_open_loop_keeps_its_rate_through_a_stall_and_charges_it():
@@ -48,8 +51,9 @@ def test_open_loop_keeps_its_rate_through_a_stall_and_charges_it():
         req = [http_request("127.0.0.1", port, "/v2/models/stub/infer", BODY)]
         res = asyncio.run(run_open_loop("127.0.0.1", port, req, offsets))
     assert (res.status == 200).all()
-    # The sender did not wait for the stalled answers: every request left on time.
-    assert np.percentile(res.behind_ms, 99) < 5.0
+    # The sender did not wait for the stalled answers (that would make ~300 ms of lateness):
+    # requests left on time.
+    assert np.percentile(res.behind_ms, 99) < 20.0
     # Requests meant to go inside the stall waited for its end, and their latency from
     # the intended time says so (no coordinated omission).
     since_first = (res.intended_ns - res.intended_ns[0]) / 1e9
