@@ -37,7 +37,8 @@ def test_open_loop_percentiles_match_a_known_delay():
     assert not res.errors
     # 20 ms in the stub (its loop's timers round up to the millisecond) plus loopback HTTP
     assert 19.9 <= np.percentile(lat, 50) <= 23.5
-    assert np.percentile(lat, 99) <= 28.0
+    assert np.percentile(lat, 90) <= 26.0
+    assert np.percentile(lat, 99) <= 40.0  # the machine's own hiccups live up here
     # Sends leave on time: typically 0.1-0.5 ms late (the loop's own timers would make it
     # 0.6 ms on average); a busy CI machine can hold one back a few ms now and then.
     assert np.median(res.behind_ms) < 1.0
@@ -143,8 +144,9 @@ def test_load_replays_a_trace_and_sweeps_a_rate_range(tmp_path):
         [row] = json.loads(out.stdout)
         assert row["requests"] == 50
         assert row["ok"] == 50
-        # the burst of 10 left together: ten connections at once, none waits for another
-        assert row["p99_ms"] < 30
+        # the burst of 10 left together on ten connections: none waited for another (one
+        # after another would take 10 x 10 ms)
+        assert row["p99_ms"] < 60
         sweep = subprocess.run([sys.executable, "-m", "servelab", "load", "--url", url,
                                 "--model", "stub", "--rates", "50:150:3", "--duration", "1",
                                 "--json"], capture_output=True, text=True, timeout=120)
