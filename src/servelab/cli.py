@@ -282,6 +282,14 @@ _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "max_num_batched_tokens": "llm.max_num_batched_tokens"}
 
 
+def _llm_spec(params: dict[str, Any]) -> Any:
+    """One replica's vLLM deployment from an `llm` command's flags (--tp is its GPUs)."""
+    if not 0 <= params["seed"] <= 2**63 - 1:
+        raise invalid("--seed", params["seed"], "a whole number >= 0", "e.g. --seed 0")
+    s = _load({**params, "num_gpus": params["tp"], "context": None}, _LLM_KEYS)
+    return pool_spec(s)
+
+
 @llm_app.command("simulate")
 def llm_simulate(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
@@ -321,13 +329,7 @@ def llm_simulate(
     tokens per second, preemptions and $ per 1M tokens (roofline step times)."""
     from servelab.llm.serving import Workload, serve_llm
 
-    given = dict(locals())
-    given["num_gpus"] = tp  # one replica's GPUs: the pool is sized per replica
-    given["context"] = None
-    s = _load(given, _LLM_KEYS)
-    if not 0 <= seed <= 2**63 - 1:
-        raise invalid("--seed", seed, "a whole number >= 0", "e.g. --seed 0")
-    spec = pool_spec(s)
+    spec = _llm_spec(dict(locals()))
     report = serve_llm(spec, Workload(request_rate=rate, num_requests=num_requests,
                                       arrival=arrival, prompt_tokens=prompt_tokens,
                                       prompt_tokens_p99=prompt_tokens_p99,
@@ -389,13 +391,7 @@ def llm_plan(
     """The fewest replicas meeting p99 TTFT and TPOT SLOs, and $ per 1M tokens there."""
     from servelab.llm.serving import Workload, plan_llm
 
-    given = dict(locals())
-    given["num_gpus"] = tp
-    given["context"] = None
-    s = _load(given, _LLM_KEYS)
-    if not 0 <= seed <= 2**63 - 1:
-        raise invalid("--seed", seed, "a whole number >= 0", "e.g. --seed 0")
-    result = plan_llm(pool_spec(s), Workload(
+    result = plan_llm(_llm_spec(dict(locals())), Workload(
         request_rate=rate, num_requests=num_requests, prompt_tokens=prompt_tokens,
         prompt_tokens_p99=prompt_tokens_p99, output_tokens=output_tokens,
         output_tokens_p99=output_tokens_p99, seed=seed),

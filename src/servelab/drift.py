@@ -317,12 +317,12 @@ def compare_tables(reference: Any, current: Any, features: Sequence[str] | None 
     names, skipped = comparable_columns(reference, current, features, timestamp)
     out = []
     for name in names:
-        ref = column_values(reference, name)
+        ref, cur = column_values(reference, name), column_values(current, name)
         b = fit_binning(ref, bins)
-        if b.kind == "numeric" and is_categorical(column_values(current.slice(0, 1), name)):
+        if b.kind == "numeric" and is_categorical(cur):
             raise invalid(f"column {name}", "text on the current side",
                           "the same type on both sides", "cast it, or leave it out")
-        out.append(feature_drift(name, ref, column_values(current, name), bins=bins,
+        out.append(feature_drift(name, ref, cur, bins=bins,
                                  epsilon=epsilon, warn=warn, alert=alert, binning=b))
     return DriftReport(out, bins, epsilon, warn, alert, window, skipped)
 

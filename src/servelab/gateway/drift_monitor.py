@@ -93,8 +93,7 @@ class DriftMonitor:
 
     def compute(self) -> drift.DriftReport:
         with self.lock:
-            window = self.ring[: self.filled].copy() if self.filled < self.ring.shape[0] \
-                else self.ring.copy()
+            window = self.ring[: self.filled].copy()  # row order does not matter to PSI
         bins, epsilon, warn, alert = self.settings
         features = []
         for j, name in enumerate(self.names):

@@ -548,17 +548,17 @@ def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99
                       "e.g. --max-replicas 64")
     tried: dict[int, ServingReport] = {}
     search: list[dict[str, Any]] = []
+    verdict: dict[int, bool] = {}
 
     def meets(r: int) -> bool:
-        if r not in tried:
-            rep = serve_llm(spec, workload, replicas=r, **options)
-            tried[r] = rep
-            ok = (rep.requests["rejected"] == 0
-                  and rep.ttft_ms["p99"] <= ttft_p99_ms and rep.tpot_ms["p99"] <= tpot_p99_ms)
+        if r not in verdict:
+            rep = tried[r] = serve_llm(spec, workload, replicas=r, **options)
+            verdict[r] = (rep.requests["rejected"] == 0 and rep.ttft_ms["p99"] <= ttft_p99_ms
+                          and rep.tpot_ms["p99"] <= tpot_p99_ms)
             search.append({"replicas": r, "ttft_p99_ms": rep.ttft_ms["p99"],
-                           "tpot_p99_ms": rep.tpot_ms["p99"], "meets": ok,
+                           "tpot_p99_ms": rep.tpot_ms["p99"], "meets": verdict[r],
                            "cost_per_million_output_usd": rep.cost_per_million_output_usd})
-        return bool(search[[s["replicas"] for s in search].index(r)]["meets"])
+        return verdict[r]
 
     hi = 1
     while not meets(hi):

@@ -65,6 +65,10 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-    signal_group(signal.SIGTERM)  # what it started and left behind, if anything
+    try:
+        os.killpg(proc.pid, 0)  # anything it started still running?
+    except (ProcessLookupError, PermissionError):
+        return
+    signal_group(signal.SIGTERM)
     time.sleep(0.2)
     signal_group(signal.SIGKILL)

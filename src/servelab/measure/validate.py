@@ -46,8 +46,14 @@ from servelab.measure.load import (
     Target,
     measure_rate,
     random_bodies,
+    server_stats,
 )
-from servelab.measure.loadgen import http_request, run_closed_loop
+from servelab.measure.loadgen import (
+    http_request,
+    poisson_offsets,
+    run_closed_loop,
+    run_open_loop,
+)
 from servelab.scenario import (
     MAX_BATCH,
     BatchingPolicy,
@@ -247,9 +253,6 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
         f"({len(xs)} batch sizes of one-row requests)")
     # Outside: open-loop Poisson at a low rate, as the measured rates will be sent (a
     # closed loop keeps every hop hot and finds less time outside than an open one).
-    from servelab.measure.load import server_stats
-    from servelab.measure.loadgen import poisson_offsets, run_open_loop
-
     reqs = [http_request(t.host, t.port, f"/v2/models/{t.model}/infer", b) for b in one]
     s0 = server_stats(t)
     res = asyncio.run(run_open_loop(t.host, t.port, reqs,
@@ -381,8 +384,6 @@ def compare(measured: dict[str, Any], predicted: dict[str, float]) -> dict[str, 
 def measure_and_predict(t: Target, meta: dict[str, Any], fit: Scenario, rate: float,
                         n: int, seed: int) -> dict[str, Any]:
     """One rate: open-loop Poisson load, then the prediction on the same arrivals."""
-    from servelab.measure.loadgen import poisson_offsets
-
     bodies = random_bodies(meta, 256, seed)
     offsets = poisson_offsets(rate, n, seed)
     measured = measure_rate(t, bodies, rate, n, seed, 256, offsets=offsets)
