@@ -152,6 +152,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                   "--feature-service"],
     ("features", "train"): ["--service", "--labels", "--label", "--out", "--engine"],
     ("features", "skew"): ["--service", "--log", "--engine"],
+    ("drift",): ["--features", "--timestamp", "--window", "--bins", "--epsilon", "--warn",
+                 "--alert", "--fail-on"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out"],
 }
@@ -162,6 +164,9 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
          # port 9 on loopback: nothing listens, so a valid command line is refused at once
          ("load",): ["--url", "http://127.0.0.1:9", "--model", "m"],
          ("validate",): ["--url", "http://127.0.0.1:9", "--model", "m"],
+         # sides that do not exist: the settings are checked before any file is read
+         ("drift",): ["--reference", "/nonexistent-ref.parquet", "--current",
+                      "/nonexistent-cur.parquet"],
          # an address this machine does not have: a valid command line stops at the bind
          ("serve",): ["--host", "192.0.2.1"],
          ("features", "train"): ["--repo", "/nonexistent-servelab-repo"],
