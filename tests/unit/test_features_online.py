@@ -86,3 +86,26 @@ def test_unreachable_redis_is_a_clear_error_not_a_hang():
     with pytest.raises(StoreError, match=r"Redis unreachable.*fix: start redis-server"):
         RedisStore("redis://127.0.0.1:1/0", "p", timeout_s=0.5)
     assert time.monotonic() - t0 < 5
+
+
+def test_one_key_reads_equal_batch_reads(store_and_view):
+    """Reading one key takes a path of its own on both stores (no IN list, no pipeline);
+    it must give what the same key gives inside a batch, for every status."""
+    store, view, merchants = store_and_view
+    store.write(view, [row(1, 1000, 1000, 3, 1.0), row(2, 500, 500, 4, None)])
+    store.write(merchants, [OnlineRow(("m1",), 5 * S, 0, {"risk": 0.5, "category": "c"})])
+    for v, keys, feats in [(view, [(1,), (2,), (42,)], ["txn_count", "avg_amount"]),
+                           (merchants, [("m1",), ("zz",)], ["risk", "category"])]:
+        now = 1100 * S  # key 2 (event 500 s, ttl 200 s) is expired here
+        batch = store.read(v, keys, feats, now)
+        cols, statuses = store.read_columns(v, keys, feats, now)
+        for i, k in enumerate(keys):
+            assert store.read(v, [k], feats, now) == [batch[i]]
+            one_cols, one_status = store.read_columns(v, [k], feats, now)
+            assert one_status == [statuses[i]]
+            assert one_cols == [[c[i]] for c in cols]
+        if v is view:
+            assert [b.status for b in batch] == [Status.PRESENT, Status.EXPIRED,
+                                                 Status.MISSING]
+            assert statuses == ["present", "expired", "missing"]
+            assert cols == [[3, None, None], [1.0, None, None]]

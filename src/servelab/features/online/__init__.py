@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple, Protocol
@@ -94,7 +94,7 @@ class OnlineStore(Protocol):
     def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
              now_us: int) -> list[OnlineValue]: ...
 
-    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: Sequence[str],
                      now_us: int) -> tuple[list[list[Any]], list[str]]:
         """The same read as columns: one list per feature, and each key's status value
         (what `get_online_features` returns, without a dict per row)."""
@@ -132,25 +132,30 @@ def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
         raise invalid("entities", {k: len(v) for k, v in entities.items()},
                       "the same number of values for every join key",
                       "give one value per entity row for each key")
-    n = lengths.pop() if lengths else 0
     out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
-    for view, feats, convs, names in _read_plan(repo, features, full_feature_names):
-        if not entities.keys() >= set(view.join_keys):
-            missing = [k for k in view.join_keys if k not in entities]
-            raise invalid("entities", sorted(entities), f"join keys {missing} for view "
-                          f"{view.name!r}", f"add e.g. --entity {missing[0]}=1")
-        if len(convs) == 1:  # the common case, without a tuple comprehension per row
-            conv, col = convs[0], entities[view.join_keys[0]]
+    for step in _read_plan(repo, features, full_feature_names):
+        view, feats, convs, names, status_names, join_keys = step
+        if len(join_keys) == 1:  # the common case, without a tuple comprehension per row
+            col = entities.get(join_keys[0])
+            if col is None:
+                raise _missing_keys(view, entities)
+            conv = convs[0]
             keys = [(conv(v),) for v in col]
         else:
-            cols = [entities[k] for k in view.join_keys]
-            keys = [tuple(c(col[i]) for c, col in zip(convs, cols, strict=True))
-                    for i in range(n)]
+            if not entities.keys() >= set(join_keys):
+                raise _missing_keys(view, entities)
+            keys = list(zip(*[[c(v) for v in entities[k]]
+                              for c, k in zip(convs, join_keys, strict=True)], strict=True))
         cols, statuses = store.read_columns(view, keys, feats, now_us)
-        for col, (name, status_name) in zip(cols, names, strict=True):
-            out[name] = col
-            out[status_name] = statuses  # one list per view, shared by its features
+        out.update(zip(names, cols, strict=True))
+        out.update(dict.fromkeys(status_names, statuses))  # one list per view, shared
     return out
+
+
+def _missing_keys(view: FeatureView, entities: dict[str, list[Any]]) -> Exception:
+    missing = [k for k in view.join_keys if k not in entities]
+    return invalid("entities", sorted(entities), f"join keys {missing} for view "
+                   f"{view.name!r}", f"add e.g. --entity {missing[0]}=1")
 
 
 def columns_from_rows(rows: list[Any], oldest_us: int, n_features: int,
@@ -158,6 +163,14 @@ def columns_from_rows(rows: list[Any], oldest_us: int, n_features: int,
                                                                          list[str]]:
     """Per key a stored row (event time, then the values) or None: the feature columns
     (None where not present) and the status values. `convs` None: values are typed."""
+    if len(rows) == 1:  # one entity, the common online read: no transposition
+        r = rows[0]
+        if r is not None and r[0] >= oldest_us:
+            if convs is None:
+                return [[v] for v in r[1:]], [PRESENT]
+            return [[None if v is None else c(v)] for c, v in zip(convs, r[1:], strict=True)
+                    ], [PRESENT]
+        return [[None] for _ in range(n_features)], [MISSING if r is None else EXPIRED]
     statuses = [MISSING if r is None else (EXPIRED if r[0] < oldest_us else PRESENT)
                 for r in rows]
     if _all_present(statuses) and convs is None:  # the hot path
@@ -182,8 +195,8 @@ def _all_present(statuses: list[str]) -> bool:
     return all(st is PRESENT for st in statuses)
 
 
-ReadPlan = list[tuple[FeatureView, list[str], list[Callable[[Any], Any]],
-                     list[tuple[str, str]]]]
+ReadPlan = list[tuple[FeatureView, tuple[str, ...], list[Callable[[Any], Any]],
+                     list[str], list[str], tuple[str, ...]]]
 
 
 def _read_plan(repo: Repo, features: list[str], full: bool) -> ReadPlan:
@@ -197,8 +210,9 @@ def _read_plan(repo: Repo, features: list[str], full: bool) -> ReadPlan:
         plan = []
         for view, feats in by_view.values():
             names = [f"{view.name}__{f}" if full else f for f in feats]
-            plan.append((view, feats, [_key_converter(view, k) for k in view.join_keys],
-                         [(nm, f"{nm}__status") for nm in names]))
+            plan.append((view, tuple(feats),
+                         [_key_converter(view, k) for k in view.join_keys],
+                         names, [f"{nm}__status" for nm in names], tuple(view.join_keys)))
         repo.cache[key] = plan
     return plan
 

@@ -9,6 +9,7 @@ socket has a timeout, so an unreachable server is a clear error, not a hang.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -96,12 +97,14 @@ class RedisStore:
         written = sum(int(x) for x in results)
         return written, len(rows) - written
 
-    def _hmget(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str]
+    def _hmget(self, view: FeatureView, keys: list[tuple[Any, ...]], features: Sequence[str]
                ) -> list[Any]:
         """Each key's stored event time and values, in one pipelined round trip."""
-        pipe = self.client.pipeline(transaction=False)
         fields = ["_ts", *features]
         prefix = f"{self.prefix}{view.name}:"
+        if len(keys) == 1:  # one key: the command itself, without a pipeline's bookkeeping
+            return [self._guard(self.client.hmget, prefix + entity_key(keys[0]), fields)]
+        pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.hmget(prefix + entity_key(k), fields)
         replies: list[Any] = self._guard(pipe.execute)
@@ -127,7 +130,7 @@ class RedisStore:
                     Status.PRESENT, ts))
         return out
 
-    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: Sequence[str],
                      now_us: int) -> tuple[list[list[Any]], list[str]]:
         replies = self._hmget(view, keys, features)
         rows = [None if r[0] is None else (int(r[0]), *r[1:]) for r in replies]

@@ -9,6 +9,7 @@ which lets an older write replace a newer one).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _absent(features: list[str], row: Any) -> OnlineValue:
+def _absent(features: Sequence[str], row: Any) -> OnlineValue:
     if row is None:
         return OnlineValue(dict.fromkeys(features), Status.MISSING, None)
     return OnlineValue(dict.fromkeys(features), Status.EXPIRED, row[1])
@@ -92,7 +93,7 @@ class SQLiteStore:
         written = self.con.total_changes - before
         return written, len(rows) - written
 
-    def _plan(self, view: FeatureView, features: list[str], n: int
+    def _plan(self, view: FeatureView, features: Sequence[str], n: int
               ) -> tuple[str, list[Any], bool]:
         """The SQL and converters for this shape of read, built once."""
         plan_key = (view.name, tuple(features), n)
@@ -101,7 +102,8 @@ class SQLiteStore:
             cols = ", ".join(_q(f) for f in features)
             marks = ", ".join("?" for _ in range(n))
             sql = (f"SELECT entity_key, event_ts, {cols} FROM {_q(view.name)} "
-                   f"WHERE entity_key IN ({marks})")
+                   f"WHERE entity_key IN ({marks})" if n != 1 else  # one key: no IN list
+                   f"SELECT event_ts, {cols} FROM {_q(view.name)} WHERE entity_key = ?")
             convs = [converter(view.dtype(f), typed=True) for f in features]
             plan = (sql, convs, all(c is _keep for c in convs))
             self._plans[plan_key] = plan
@@ -109,13 +111,14 @@ class SQLiteStore:
 
     def read(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
              now_us: int) -> list[OnlineValue]:
+        if len(keys) == 1:
+            return self._read_one(view, keys[0], features, now_us)
         sql, convs, plain = self._plan(view, features, len(keys))
         stored = [entity_key(k) for k in keys]
         try:
             found = {r[0]: r for r in self.con.execute(sql, stored)}
         except sqlite3.Error as exc:
-            raise StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
-                             f"({exc}); fix: run `servelab features apply`") from exc
+            raise self._read_failed(view, exc) from exc
         oldest = oldest_valid_us(view, now_us)
         get, present = found.get, Status.PRESENT
         if plain:  # the hot path: every value comes back typed already
@@ -128,18 +131,38 @@ class SQLiteStore:
                 if (row := get(k)) is not None and row[1] >= oldest
                 else _absent(features, row) for k in stored]
 
-    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: list[str],
+    def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: Sequence[str],
                      now_us: int) -> tuple[list[list[Any]], list[str]]:
         sql, convs, plain = self._plan(view, features, len(keys))
-        stored = [entity_key(k) for k in keys]
         try:
-            found = {r[0]: r[1:] for r in self.con.execute(sql, stored)}
+            if len(keys) == 1:  # the common online read: one row, fetched as it is
+                rows = [self.con.execute(sql, (entity_key(keys[0]),)).fetchone()]
+            else:
+                stored = [entity_key(k) for k in keys]
+                found = {r[0]: r[1:] for r in self.con.execute(sql, stored)}
+                get = found.get
+                rows = [get(k) for k in stored]
         except sqlite3.Error as exc:
-            raise StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
-                             f"({exc}); fix: run `servelab features apply`") from exc
-        get = found.get
-        return columns_from_rows([get(k) for k in stored], oldest_valid_us(view, now_us),
-                                 len(features), None if plain else convs)
+            raise self._read_failed(view, exc) from exc
+        return columns_from_rows(rows, oldest_valid_us(view, now_us), len(features),
+                                 None if plain else convs)
+
+    def _read_one(self, view: FeatureView, key: tuple[Any, ...], features: Sequence[str],
+                  now_us: int) -> list[OnlineValue]:
+        sql, convs, plain = self._plan(view, features, 1)
+        try:
+            row = self.con.execute(sql, (entity_key(key),)).fetchone()
+        except sqlite3.Error as exc:
+            raise self._read_failed(view, exc) from exc
+        if row is None or row[0] < oldest_valid_us(view, now_us):
+            return [_absent(features, None if row is None else (None, row[0]))]
+        vals = row[1:] if plain else [None if v is None else c(v)
+                                      for c, v in zip(convs, row[1:], strict=True)]
+        return [OnlineValue(dict(zip(features, vals, strict=True)), Status.PRESENT, row[0])]
+
+    def _read_failed(self, view: FeatureView, exc: sqlite3.Error) -> StoreError:
+        return StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
+                          f"({exc}); fix: run `servelab features apply`")
 
     def get_meta(self, name: str) -> str | None:
         row = self.con.execute("SELECT value FROM _servelab_meta WHERE name = ?",
