@@ -39,3 +39,57 @@ def running_lab(timeout_s: float = 60.0) -> Iterator[str]:
     with server_process([sys.executable, "-m", "servelab", "lab", "--port", str(port)],
                         url + "/api/meta", timeout_s):
         yield url
+
+
+# Time from a control's input event to the read-outs showing its answer, measured in the
+# page: the control gets its new value and its event; a MutationObserver takes the moment
+# the page renders the answer (the read-outs' `data-rendered` count moves: a read-out whose
+# figure is unchanged keeps its text), then the next animation frame (the paint).
+MEASURE_JS = """
+async ([control, value, event]) => {
+  const el = document.querySelector(control);
+  const results = document.querySelector('#results');
+  const before = results.dataset.rendered;
+  return await new Promise((resolve) => {
+    const t0 = performance.now();
+    const obs = new MutationObserver(() => {
+      if (results.dataset.rendered === before) return;
+      obs.disconnect();
+      requestAnimationFrame(() => resolve(performance.now() - t0));
+    });
+    obs.observe(results, { attributes: true, attributeFilter: ['data-rendered'] });
+    el.value = String(value);
+    el.dispatchEvent(new Event(event, { bubbles: true }));
+    setTimeout(() => { obs.disconnect(); resolve(-1); }, 20000);
+  });
+}
+"""
+
+# (label, control selector, event, values)
+MOVES = [
+    ("QPS", "#c-workload-qps-range", "input", [2000 + 100 * i for i in range(1, 26)]),
+    ("batch window", "#c-batching-max-queue-delay-microseconds-range", "input",
+     [2000 + 300 * i for i in range(1, 26)]),
+    ("max batch size", "#c-batching-max-batch-size-range", "input", [2 + i for i in range(25)]),
+    ("context", "#c-llm-context-tokens-range", "input", [4096 + 512 * i for i in range(1, 26)]),
+    ("KV dtype", "#c-llm-kv-dtype", "change", ["fp8", "auto"] * 12 + ["fp8"]),
+]
+
+
+def idle(page) -> None:  # type: ignore[no-untyped-def]
+    page.wait_for_function("document.querySelector('#status').textContent === ''",
+                           timeout=60_000)
+
+
+def time_moves(page, moves: list[tuple[str, str, str, list[object]]] = MOVES
+               ) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
+    """Each move's time in ms (-1: no answer rendered within 20 s)."""
+    out: dict[str, list[float]] = {}
+    for label, control, event, values in moves:
+        times = []
+        for v in values:
+            idle(page)
+            page.wait_for_timeout(30)
+            times.append(float(page.evaluate(MEASURE_JS, [control, v, event])))
+        out[label] = times
+    return out

@@ -481,15 +481,19 @@ def lab(
     import uvicorn
 
     from servelab.http import allowed_hosts, check_can_listen
-    from servelab.lab.server import LabConfig, create_app
+    from servelab.lab.server import LabConfig, create_app, warm
 
     if data_dir is not None and not data_dir.is_dir():
         raise InputError(f"--data-dir = {cut(str(data_dir))!r}: not a folder; "
                          "fix: give an existing folder, or leave it out")
-    lab_app = create_app(LabConfig(
-        data_dir=str(data_dir.resolve()) if data_dir is not None else None,
-        allowed_hosts=allowed_hosts(host, allow_host)))
+    config = LabConfig(data_dir=str(data_dir.resolve()) if data_dir is not None else None,
+                       allowed_hosts=allowed_hosts(host, allow_host))
+    lab_app = create_app(config)
     check_can_listen(host, port)
+    # The first page's answers are ready before it can ask (on a first run this includes
+    # compiling the simulator, about 15 s; later runs load the compiled code).
+    stderr.print("servelab lab: preparing the seed scenario...", highlight=False)
+    warm(lab_app)
     url = f"http://{host}:{port}"
     stderr.print(f"servelab lab on [bold]{url}[/] (Ctrl+C to stop)", highlight=False)
     # Ctrl+C (or SIGTERM): uvicorn starts its graceful shutdown, and a watchdog ends the

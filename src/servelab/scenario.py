@@ -567,6 +567,11 @@ def _section(name: str, raw: Any) -> Any:
         values[key] = rules[key](f"[{name}] {key}", v)
     if name == "llm" and values.get("gpu"):
         values["gpu"] = resolve_gpu_name(values["gpu"], "[llm] gpu")
+    if name == "llm" and values.get("tp") and values.get("num_gpus", 1) % values["tp"]:
+        n, tp = values.get("num_gpus", 1), values["tp"]
+        raise invalid("[llm] num_gpus", n, f"a multiple of [llm] tp = {tp} (each replica "
+                      f"spans tp GPUs)", f"set [llm] num_gpus to {tp * max(1, n // tp)}, or "
+                      "[llm] tp to a divisor of it (0: all GPUs in one replica)")
     if name == "hardware":
         overrides = tuple((f, values.pop(f)) for f in FIGURES if f in values)
         if "gpu" in values:

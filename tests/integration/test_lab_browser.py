@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_lab
+from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_lab, time_moves
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -119,6 +119,110 @@ def test_page_loads_clean_and_local_only(browser, lab_url):
         assert page.query_selector(f"#{target}") is not None
     # The default view is the seed, with the same numbers as the CLI.
     assert readouts(page) == cli_values(["--scenario", "seed"], ["--scenario", "seed"])
+    page.close()
+
+
+FIRST_READOUT_JS = """
+new MutationObserver(() => {
+  const o = document.querySelector('#out-p99');
+  if (o && o.textContent.includes('ms') && window.__first === undefined)
+    window.__first = performance.now();  // ms since navigation started
+}).observe(document, { subtree: true, childList: true, characterData: true });
+"""
+
+
+def test_first_readouts_paint_within_1_5_s(browser, lab_url):
+    """Measured in the page, from navigation to the first read-out's text: the read-outs
+    come before plotly.js (4.8 MB) and before the other sections ask for anything."""
+    times = []
+    for _ in range(3):
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.add_init_script(FIRST_READOUT_JS)
+        page.goto(lab_url)
+        page.wait_for_function("window.__first !== undefined", timeout=30_000)
+        times.append(page.evaluate("window.__first"))
+        wait_ready(page)  # let this page's own sections finish before the next visit
+        page.wait_for_function("document.body.dataset.llmReady === '1' && "
+                               "document.body.dataset.driftReady === '1'", timeout=60_000)
+        page.close()
+    assert sorted(times)[1] < 1500, times  # the median of three visits
+
+
+def test_each_readout_follows_its_control_within_100_ms(browser, lab_url):
+    """QPS, batch window, max batch size, context and KV dtype: 25 moves each, from the
+    input event to the read-out's new text (and the frame that paints it), p95 < 100 ms."""
+    page, watch = open_lab(browser, lab_url)
+    # the page's start-up is over: its other sections answered, plotly.js drew the charts
+    page.wait_for_function("document.body.dataset.llmReady === '1' && "
+                           "document.body.dataset.driftReady === '1' && "
+                           "document.querySelector('#chart-qps .main-svg') !== null",
+                           timeout=60_000)
+    results = time_moves(page)
+    for label, times in results.items():
+        assert len(times) >= 20, (label, times)
+        assert min(times) >= 0, (label, times)  # each move changed the read-out
+        p95 = sorted(times)[round(0.95 * (len(times) - 1))]
+        assert p95 < 100, (label, p95, sorted(times))
+    assert watch.errors == []
+    page.close()
+
+
+def test_phone_width_results_first_and_no_sideways_scroll(browser, lab_url):
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(lab_url)
+    wait_ready(page)
+    page.wait_for_function("document.querySelector('#chart-qps .main-svg') !== null",
+                           timeout=60_000)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    top = "(s) => document.querySelector(s).getBoundingClientRect().top"
+    assert page.evaluate(top, "#results") < page.evaluate(top, "#controls")
+    assert page.is_visible("a.to-controls")
+    page.close()
+
+
+def test_presets_follow_reset_and_links(browser, lab_url):
+    page, watch = open_lab(browser, lab_url)
+    preset = "#c-preset"
+    seed_name = page.eval_on_selector(preset, "s => s.options[1].value")
+    assert page.input_value(preset) == seed_name  # the seed's own model
+    page.select_option(preset, "fixed 2 ms per batch")
+    settle(page)
+    assert page.input_value("#c-model-kind") == "constant"
+    link = page.url
+    page.click("#btn-reset")
+    settle(page)
+    assert page.input_value(preset) == seed_name
+    assert page.input_value("#c-model-kind") == "roofline"
+    other = browser.new_page(viewport={"width": 1400, "height": 1000})
+    other.goto(link)
+    wait_ready(other)
+    assert other.input_value(preset) == "fixed 2 ms per batch"
+    other.close()
+    assert watch.errors == []
+    page.close()
+
+
+def test_seed_table_and_paging_settings(browser, lab_url):
+    """The dashboard's figures beside servelab's, row for row as `plan --scenario seed`;
+    the replay's settings are shown with `kv paging`'s defaults and move its read-outs."""
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.querySelectorAll('#seed-table tbody tr').length > 0",
+                           timeout=60_000)
+    rows = page.eval_on_selector_all("#seed-table tbody tr",
+                                     "trs => trs.map(t => [...t.cells].map(c => c.textContent))")
+    want = cli("plan", "--scenario", "seed")["seed_comparison"]
+    assert [r[:3] for r in rows] == [[w["figure"], w["stated"], w["servelab"]] for w in want]
+    assert page.input_value("#paging-requests") == "2000"
+    assert page.input_value("#paging-max-len") == "0"
+    page.wait_for_function("document.querySelector('#paging-status').textContent === ''",
+                           timeout=60_000)
+    before = page.get_attribute("#out-paged-seqs", "data-value")
+    page.fill("#paging-requests", "300")
+    page.dispatch_event("#paging-requests", "change")
+    page.wait_for_function(
+        f"document.querySelector('#out-paged-seqs').dataset.value !== {before!r}",
+        timeout=60_000)
+    assert watch.errors == []
     page.close()
 
 

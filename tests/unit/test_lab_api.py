@@ -105,3 +105,71 @@ def test_plotly_is_served_compressed_and_cached(client):
     assert r.status_code == 200
     assert r.headers["content-encoding"] == "gzip"
     assert "max-age" in r.headers["cache-control"]
+
+
+def test_paging_uses_kv_paging_defaults_and_its_settings_are_checked(client):
+    """The page's paged-vs-contiguous replay is `servelab kv paging` with its defaults
+    (2,000 requests, the longest sequence the context, no prefix), run in the lab's worker
+    process; its settings are editable and checked like any input."""
+    from servelab.llm.pool import run_paging
+
+    st = {**default_state(), "llm.context_tokens": 2048}
+    got = client.post("/api/paging", json={"state": st}).json()
+    want = run_paging(load_scenario("seed").with_overrides({"llm.context_tokens": 2048})
+                      ).to_dict()
+    assert got["num_requests"] == 2000
+    assert got["max_len"] == 2048
+    assert got["prefix_tokens"] == 0
+    assert [r["mean_concurrency"] for r in got["results"]] == \
+        [r["mean_concurrency"] for r in want["results"]]
+    small = client.post("/api/paging", json={"state": st, "requests": 300, "max_len": 1024,
+                                              "prefix_tokens": 128}).json()
+    assert (small["num_requests"], small["max_len"], small["prefix_tokens"]) == (300, 1024, 128)
+    assert "paged_prefix" in {r["strategy"] for r in small["results"]}
+    for bad, field in [({"requests": 0}, "paging requests"),
+                       ({"requests": 10**9}, "paging requests"),
+                       ({"max_len": 1}, "paging longest sequence"),
+                       ({"prefix_tokens": 5000}, "paging shared prefix")]:
+        r = client.post("/api/paging", json={"state": st, **bad})
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]
+        assert msg.startswith(field)
+        assert "fix:" in msg
+        assert "\n" not in msg
+
+
+def test_a_kv_move_reuses_the_simulation(client):
+    """Only the closed-form KV figures run when an LLM pool setting moves: the simulation
+    and the planner's answers (keyed on the scenario without its pool) are reused."""
+    from servelab.lab import server
+
+    st = {**default_state(), "workload.qps": 2345.0}
+    client.post("/api/update", json={"state": st})
+    before = server._sim_plan.cache_info()
+    for dtype in ("fp8", "auto", "fp8_e5m2"):
+        d = client.post("/api/update", json={"state": {**st, "llm.kv_dtype": dtype}}).json()
+        assert d["simulate"]["scenario"]["llm"]["kv_dtype"] == dtype
+    after = server._sim_plan.cache_info()
+    assert after.misses == before.misses
+    assert after.hits >= before.hits + 3
+
+
+def test_seed_table_is_plan_seeds(client):
+    from servelab.seed import seed_comparison, seed_rows_dict
+
+    s = load_scenario("seed")
+    assert client.get("/api/seed").json()["rows"] == seed_rows_dict(
+        seed_comparison(s, run_plan(s)))
+
+
+def test_errors_name_the_scenario_key_not_a_cli_flag(client):
+    """The page marks the control an error names; a message in CLI words ("--num-gpus/--tp")
+    names none."""
+    for extra, key in [({"llm.num_gpus": 3, "llm.tp": 2}, "[llm] num_gpus"),
+                       ({"llm.kv_dtype": "fp9"}, "[llm] kv_dtype"),
+                       ({"batching.max_batch_size": 0}, "[batching] max_batch_size")]:
+        r = client.post("/api/update", json={"state": {**default_state(), **extra}})
+        assert r.status_code == 400
+        msg = r.json()["error"]
+        assert msg.startswith(key), msg
+        assert "--" not in msg, msg

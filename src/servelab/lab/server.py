@@ -25,15 +25,17 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from servelab.api import run_plan, run_simulate, run_sweep
 from servelab.catalog import gpu_names
-from servelab.errors import InputError, ServelabError, cut
+from servelab.errors import InputError, ServelabError, cut, invalid
 from servelab.files import parse_toml
 from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
+from servelab.lab import background
 from servelab.lab.drift_lab import DriftIn, DriftLab
 from servelab.lab.llm_lab import LlmIn
 from servelab.lab.llm_lab import run as run_llm
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
-from servelab.llm.pool import kv_report, pool_spec, run_paging
+from servelab.llm.pool import kv_report, pool_spec
+from servelab.report import jsonable
 from servelab.scenario import (
     MAX_QPS,
     MAX_SPAN_S,
@@ -45,13 +47,18 @@ from servelab.scenario import (
     scenario_to_dict,
     scenario_to_toml,
 )
+from servelab.seed import seed_comparison, seed_rows_dict
 
 STATIC = Path(str(resources.files("servelab.lab").joinpath("static")))
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 # Charts are sweeps of many simulations: fewer requests each keeps a slider live.
 CHART_REQUESTS = 5_000
-PAGING_REQUESTS = 400
+# The paged-vs-contiguous replay: `servelab kv paging`'s defaults (2,000 requests, the
+# longest sequence the context length, no shared prefix), editable on the page up to caps.
+PAGING_REQUESTS = 2000
+PAGING_MAX_REQUESTS = 5000
+PAGING_MAX_LEN = 131_072
 # Bounded work per call, so one page cannot take the server from everyone else: an
 # interactive update simulates at most this many requests (the page says when it caps),
 # the planner searches at most this many GPUs, and a request body is at most this large.
@@ -59,9 +66,6 @@ LAB_MAX_REQUESTS = 200_000
 PREVIEW_REQUESTS = 20_000
 LAB_MAX_GPUS = 4_096
 LAB_MAX_BODY_BYTES = 4 * 1024 * 1024
-# The paging replay's pool: more tokens than its requests can ever hold changes nothing.
-PAGING_MAX_POOL_TOKENS = PAGING_REQUESTS * 4096
-PAGING_MAX_STEPS = 50_000  # decode steps per strategy (the seed needs ~21,000)
 
 
 _pool = ThreadPoolExecutor(max_workers=2)
@@ -72,6 +76,13 @@ class StateIn(BaseModel):
     # While a slider moves: a smaller run for the read-outs (the page marks them as a
     # preview); the full run follows when it is let go.
     preview: bool = False
+
+
+class PagingIn(BaseModel):
+    state: dict[str, Any]
+    requests: int = PAGING_REQUESTS
+    max_len: int = 0  # 0: the context length
+    prefix_tokens: int = 0
 
 
 class TomlIn(BaseModel):
@@ -135,27 +146,39 @@ def default_state() -> dict[str, Any]:
     return flatten(scenario_to_dict(load_scenario("seed")))
 
 
+def _batching_part(s: Scenario) -> Scenario:
+    """The scenario without its LLM pool: what the simulator and the planner read, so a
+    KV-cache move finds their answers cached and only the closed-form KV figures run."""
+    return replace(s, llm=None)
+
+
 @lru_cache(maxsize=128)
-def _update(s: Scenario, caps: tuple[str, ...]) -> dict[str, Any]:
+def _sim_plan(s: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
     sim = _pool.submit(run_simulate, s)
     planned = _pool.submit(run_plan, s)
+    plan_d = planned.result().to_dict()  # to_dict: NaN becomes null
+    return sim.result().to_dict(), {
+        "num_gpus": plan_d["plan"]["num_gpus"],
+        "cost_per_million_usd": plan_d["plan"]["cost_per_million_usd"],
+        "meets_slo": plan_d["plan"]["meets_slo"],
+        "verdict": plan_d["plan"]["verdict"],
+        "p99_ms": plan_d["latency"]["p99_ms"],
+        "busy_fraction": plan_d["gpu"]["busy_fraction"],
+        "notes": plan_d["notes"],
+    }
+
+
+@lru_cache(maxsize=128)
+def _update(s: Scenario, caps: tuple[str, ...]) -> dict[str, Any]:
+    sim_d, plan = _sim_plan(_batching_part(s))
     kv = kv_report(pool_spec(s)).to_dict() if s.llm is not None else None
-    sim_r, plan_d = sim.result(), planned.result().to_dict()  # to_dict: NaN becomes null
-    sim_d = sim_r.to_dict()
     notes = [*caps, *sim_d["notes"]]
-    notes += [n for n in plan_d["notes"] if n not in notes]
+    notes += [n for n in plan["notes"] if n not in notes]
     if kv is not None:
         notes += [f"KV pool: {n}" for n in kv["notes"]]
-    return {
-        "simulate": sim_d,
-        "plan": {
-            "num_gpus": plan_d["plan"]["num_gpus"],
-            "cost_per_million_usd": plan_d["plan"]["cost_per_million_usd"],
-            "meets_slo": plan_d["plan"]["meets_slo"],
-            "verdict": plan_d["plan"]["verdict"],
-            "p99_ms": plan_d["latency"]["p99_ms"],
-            "busy_fraction": plan_d["gpu"]["busy_fraction"],
-        },
+    return {  # the Report names the whole scenario, its LLM pool included
+        "simulate": {**sim_d, "scenario": jsonable(scenario_to_dict(s))},
+        "plan": {k: v for k, v in plan.items() if k != "notes"},
         "kv": kv,
         "notes": notes,
         "toml": scenario_to_toml(s),
@@ -168,8 +191,12 @@ def _around(x: float, lo: float, n: int, factor: float = 2.0) -> list[float]:
     return [lo + (hi - lo) * i / (n - 1) for i in range(n)]
 
 
-@lru_cache(maxsize=64)
 def _charts(s: Scenario) -> dict[str, Any]:
+    return _batching_charts(_batching_part(s))
+
+
+@lru_cache(maxsize=64)
+def _batching_charts(s: Scenario) -> dict[str, Any]:
     light = replace(s, workload=replace(s.workload, num_requests=min(
         CHART_REQUESTS, s.workload.num_requests)))
     delay_us = s.batching.max_queue_delay_microseconds
@@ -185,20 +212,30 @@ def _charts(s: Scenario) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=32)
-def _paging(s: Scenario) -> dict[str, Any]:
-    ctx = s.llm.context_tokens if s.llm is not None else 4096
+def _paging(s: Scenario, requests: int = PAGING_REQUESTS, max_len: int | None = None,
+            prefix_tokens: int = 0) -> dict[str, Any]:
+    """`servelab kv paging` for the page, with its defaults (max_len: the context)."""
     capacity = kv_report(pool_spec(s)).pool.tokens_capacity
     if capacity < 1:
         raise InputError("[llm] pool: holds no KV tokens on these GPUs (the weights and "
                          "reserves take all memory); fix: more GPUs, a larger GPU, or a "
                          "smaller weight dtype")
-    pool_tokens = min(capacity, PAGING_MAX_POOL_TOKENS)
-    report = run_paging(s, num_requests=PAGING_REQUESTS, max_len=min(ctx, 2048),
-                        prefix_tokens=256 if min(ctx, 2048) > 258 else 0,
-                        pool_tokens=pool_tokens, max_steps=PAGING_MAX_STEPS)
-    out = report.to_dict()
-    for r in out["results"]:
-        r.pop("series", None)  # the page shows averages; the CLI's --json has the series
+    if not 1 <= requests <= PAGING_MAX_REQUESTS:
+        raise invalid("paging requests", requests, f"1 to {PAGING_MAX_REQUESTS:,} in the lab",
+                      f"replay at most {PAGING_MAX_REQUESTS:,} (`servelab kv paging "
+                      "--requests` takes more)")
+    longest = max_len or (s.llm.context_tokens if s.llm is not None else 4096)
+    if not 2 <= longest <= PAGING_MAX_LEN:
+        raise invalid("paging longest sequence", longest, f"2 to {PAGING_MAX_LEN:,} tokens",
+                      "use a shorter one, or leave it at 0 for the context length")
+    if not 0 <= prefix_tokens < longest:
+        raise invalid("paging shared prefix", prefix_tokens, f"0 to {longest - 1:,} tokens "
+                      "(shorter than the longest sequence)", "use 0 for no shared prefix")
+    # More tokens than these requests can ever hold changes nothing: cap the books there.
+    pool_tokens = min(capacity, requests * longest)
+    out = background.replay(s, requests, longest, prefix_tokens, pool_tokens)
+    # the page's settings line shows the prefix; the CLI's hint about its flag is not for it
+    out["notes"] = [n for n in out["notes"] if not n.startswith("paged_prefix left out")]
     by = {r["strategy"]: r for r in out["results"]}
     out["summary"] = {  # the figures the page's read-outs name, picked out here
         "paged_seqs": by["paged"]["mean_concurrency"],
@@ -208,9 +245,49 @@ def _paging(s: Scenario) -> dict[str, Any]:
     }
     if pool_tokens < capacity:
         out["notes"] = [*out["notes"], f"the replay's pool is capped at {pool_tokens:,} tokens "
-                        f"(the deployment holds {capacity:,}): {PAGING_REQUESTS} requests "
+                        f"(the deployment holds {capacity:,}): {requests:,} requests "
                         "never need more"]
     return out
+
+
+def _pool_part(s: Scenario) -> Scenario:
+    """Only the LLM pool matters to the paging replay: its cache is keyed on that alone."""
+    return replace(Scenario(), hardware=s.hardware, llm=s.llm, base_dir=s.base_dir,
+                   sandbox=True)
+
+
+@lru_cache(maxsize=1)
+def _seed_rows() -> dict[str, Any]:
+    """The seed dashboard's stated figures beside servelab's, as `plan --scenario seed`."""
+    s = load_scenario("seed")
+    return {"rows": seed_rows_dict(seed_comparison(s, run_plan(s)))}
+
+
+def _scenario(state: dict[str, Any], data_dir: str | None) -> Scenario:
+    try:
+        items = tuple(sorted((str(k), _frozen(v)) for k, v in state.items()))
+        return _cached_scenario(items, data_dir)
+    except TypeError:  # unhashable or unorderable values: not a page's state
+        raise InputError("state: expected flat section.key values (numbers, strings, "
+                         "lists); fix: send the page's own state") from None
+
+
+@lru_cache(maxsize=64)
+def _llm(query_json: str) -> dict[str, Any]:
+    return run_llm(LlmIn.model_validate_json(query_json))
+
+
+def warm(app: FastAPI) -> None:
+    """Answer the page's first questions before it asks (the default state's read-outs,
+    charts, paging replay, the seed table, the LLM and drift sections' defaults), so a
+    first visit paints at once; it also loads the simulator's compiled code."""
+    s = _scenario(default_state(), app.state.config.data_dir)
+    _llm(LlmIn.model_validate({}).model_dump_json())  # the page's first query
+    app.state.drift_lab.ready()
+    _update(*_capped(s))
+    _charts(_capped(s)[0])
+    _paging(_pool_part(s), PAGING_REQUESTS, None, 0)  # the arguments the page sends
+    _seed_rows()
 
 
 def _one_line_validation(exc: RequestValidationError, path: str) -> str:
@@ -231,6 +308,8 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
     cfg = config or LabConfig()
     drift_lab = DriftLab()
     app = FastAPI(title="servelab lab", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.config = cfg
+    app.state.drift_lab = drift_lab
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     # plotly.js is 4.8 MB; gzip makes it about a third of that, and the browser keeps it.
     app.add_middleware(GZipMiddleware, minimum_size=1024)
@@ -238,16 +317,15 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
                        max_body=LAB_MAX_BODY_BYTES)
 
     def scenario(state: dict[str, Any]) -> Scenario:
-        try:
-            items = tuple(sorted((str(k), _frozen(v)) for k, v in state.items()))
-            return _cached_scenario(items, cfg.data_dir)
-        except TypeError:  # unhashable or unorderable values: not a page's state
-            raise InputError("state: expected flat section.key values (numbers, strings, "
-                             "lists); fix: send the page's own state") from None
+        return _scenario(state, cfg.data_dir)
 
     @app.exception_handler(ServelabError)
     async def usererror_response(_: Request, exc: ServelabError) -> Response:
         return error_response(str(exc), 400)
+
+    @app.exception_handler(background.BusyError)
+    async def busy_response(_: Request, exc: background.BusyError) -> Response:
+        return error_response(str(exc), 503)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> Response:
@@ -304,15 +382,17 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
         return json_response(_charts(_capped(scenario(body.state))[0]))
 
     @app.post("/api/paging")
-    def paging(body: StateIn) -> Response:
-        s = scenario(body.state)
-        # Only the LLM pool matters here: key the cache on it alone.
-        return json_response(_paging(replace(Scenario(), hardware=s.hardware, llm=s.llm,
-                                     base_dir=s.base_dir, sandbox=True)))
+    def paging(body: PagingIn) -> Response:
+        return json_response(_paging(_pool_part(scenario(body.state)), body.requests,
+                                     body.max_len or None, body.prefix_tokens))
+
+    @app.get("/api/seed")
+    def seed() -> Response:
+        return json_response(_seed_rows())
 
     @app.post("/api/llm")
     def llm(body: LlmIn) -> Response:
-        return json_response(run_llm(body))
+        return json_response(_llm(body.model_dump_json()))
 
     @app.get("/api/drift/meta")
     def drift_meta() -> Response:

@@ -159,6 +159,51 @@ function showControls() {
   }
 }
 
+// The preset whose values the state holds (a link, Reset or a loaded file can bring one
+// back), or none.
+function showPreset() {
+  const sel = document.getElementById(idOf("preset"));
+  if (!sel) return;
+  let found = "";
+  for (const [name, p] of Object.entries(PRESETS)) {
+    const want = p === null ? pickModel(META.default_state) : p;
+    if (Object.entries(want).every(([k, v]) => JSON.stringify(state[k]) === JSON.stringify(v))) { found = name; break; }
+  }
+  sel.value = found;
+}
+
+// Charts wait for plotly.js (loaded after the first read-outs); the latest figure for
+// each chart is kept and drawn when it arrives.
+const pendingPlots = new Map();
+function plot(id, data, layout, config) {
+  if (window.Plotly) Plotly.react(id, data, layout, config);
+  else pendingPlots.set(id, [data, layout, config]);
+}
+
+let plotlyAsked = false;
+let sectionsStarted = false;
+function startSections() {  // once the first read-outs have painted: the rest of the page
+  if (sectionsStarted) return;
+  sectionsStarted = true;
+  loadPlotly();
+  loadSeedTable();
+  llmInit();
+  driftInit();
+}
+function loadPlotly() {  // after the first read-outs: the numbers never wait for the charts
+  if (plotlyAsked) return;
+  plotlyAsked = true;
+  const tag = document.createElement("script");
+  tag.src = "/vendor/plotly.min.js";
+  tag.async = true;
+  tag.onload = () => {
+    for (const [id, args] of pendingPlots) Plotly.react(id, ...args);
+    pendingPlots.clear();
+  };
+  tag.onerror = () => showError("charts: plotly.js did not load; the read-outs are unaffected; fix: reload the page");
+  document.head.appendChild(tag);
+}
+
 function applyPreset(name) {
   if (!(name in PRESETS)) return;
   const p = PRESETS[name];
@@ -208,16 +253,18 @@ async function refresh() {
     // Adopt the server's normalised state (e.g. "h100" -> "H100-SXM") unless the user
     // changed something while this request was in flight.
     if (!dirty) state = { ...upd.state, ...pickModel(state) };
-    if (poolChanged) {
+    if (poolChanged) {  // the paging replay runs in the background: read-outs never wait
       last.poolKey = pick(sent, "llm.", "hardware.gpu");
-      last.paging = await post("/api/paging", { state: sent });
+      refreshPaging(sent, last.poolKey);
     }
     clearError();
     $("#results").dataset.preview = upd.preview ? "1" : "";
     render();
     writeUrl();
+    showPreset();
     $("#status").textContent = "";
     document.body.dataset.ready = "1";
+    if (!sectionsStarted) requestAnimationFrame(() => setTimeout(startSections, 0));
   } catch (err) {
     showError(err.message);
     $("#status").textContent = "";
@@ -226,6 +273,60 @@ async function refresh() {
     inFlight = false;
     if (dirty) refresh();
   }
+}
+
+function pagingSettings() {
+  const n = (id) => Math.round(Number($(id).value) || 0);
+  return { requests: n("#paging-requests"), max_len: n("#paging-max-len"), prefix_tokens: n("#paging-prefix") };
+}
+
+// The replay takes seconds: it starts once the KV inputs have rested for a moment, one at a
+// time, and the read-outs never wait for it.
+let pagingWanted = null;  // the pool key of the latest paging request
+let pagingTimer = null;
+let pagingBusy = false;
+function refreshPaging(sent, key) {
+  pagingWanted = key;
+  $("#paging-status").textContent = "(replaying allocations…)";
+  clearTimeout(pagingTimer);
+  pagingTimer = setTimeout(() => runPaging(sent, key), last.paging ? 400 : 0);
+}
+
+async function runPaging(sent, key) {
+  if (pagingBusy) { pagingTimer = setTimeout(() => runPaging(sent, key), 200); return; }
+  if (pagingWanted !== key) return;
+  pagingBusy = true;
+  try {
+    const paging = await post("/api/paging", { state: sent, ...pagingSettings() });
+    if (pagingWanted !== key) return;  // a newer pool was asked for meanwhile
+    last.paging = paging;
+    $("#paging-status").textContent = "";
+    renderReadouts();
+    renderNotes(allNotes());
+    drawLater();
+  } catch (err) {
+    if (pagingWanted !== key) return;
+    $("#paging-status").textContent = "";
+    showError(err.message);
+  } finally {
+    pagingBusy = false;
+  }
+}
+
+function loadSeedTable() {  // once: the seed scenario's table does not move with the page
+  fetch("/api/seed").then((r) => r.json()).then((d) => {
+    const body = $("#seed-table tbody");
+    body.replaceChildren(...d.rows.map((r) => {
+      const tr = document.createElement("tr");
+      for (const v of [r.figure, r.stated, r.servelab, r.agrees ? "yes" : "no", r.reason]) {
+        const td = document.createElement("td");
+        td.textContent = v;
+        tr.appendChild(td);
+      }
+      tr.className = r.agrees ? "agrees" : "differs";
+      return tr;
+    }));
+  }).catch(() => {});
 }
 
 function showError(message) {
@@ -262,11 +363,27 @@ function pickModel(obj) {  // keep the fields of other service-time kinds while 
   return out;
 }
 
+// Read-outs first, in the same task as the answer; the charts on a later frame, after the
+// numbers have painted, and only those whose data changed.
 function render() {
+  renderReadouts();
+  renderNotes(allNotes());
+  drawLater();
+}
+
+function allNotes() {
+  return [...(last.update.notes || []), ...((last.paging && last.paging.notes) || [])];
+}
+
+let renders = 0;
+function renderReadouts() {
   const data = { ...last.update, paging: last.paging ? last.paging.summary : {} };
+  $("#results").dataset.rendered = String(++renders);  // tests time moves by this
   for (const el of document.querySelectorAll("output[data-path]")) {
     const v = get(data, el.dataset.path);
-    el.dataset.value = v === undefined ? "" : JSON.stringify(v);
+    const value = v === undefined ? "" : JSON.stringify(v);
+    if (el.dataset.value === value && el.textContent) continue;
+    el.dataset.value = value;
     el.textContent = fmt(v, el.dataset.fmt);
   }
   const plan = last.update.plan;
@@ -279,8 +396,14 @@ function render() {
   $("#out-vram-headroom").textContent = g
     ? `KV pool ${(g.kv_pool_bytes / 2 ** 30).toFixed(1)} GiB, left by utilization ${(g.unused_bytes / 2 ** 30).toFixed(1)} GiB per GPU`
     : "";
-  renderNotes([...(last.update.notes || []), ...((last.paging && last.paging.notes) || [])]);
-  drawCharts();
+}
+
+let drawPending = false;
+function drawLater() {
+  if (drawPending) return;
+  drawPending = true;
+  // a frame for the read-outs to paint, then the charts in a task of their own
+  requestAnimationFrame(() => setTimeout(() => { drawPending = false; drawCharts(); }, 0));
 }
 
 function renderNotes(notes) {  // warnings the CLI prints (overload, caps, timeouts), as text
@@ -293,27 +416,39 @@ const LAYOUT = { margin: { l: 60, r: 60, t: 10, b: 45 }, height: 260, font: { si
   paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", legend: { orientation: "h", y: -0.25 } };
 const CONFIG = { displayModeBar: false, responsive: true };
 
+// What each chart was last drawn from: a chart whose inputs are the same objects is not
+// redrawn (Plotly.react on six charts costs more than the read-outs themselves).
+const drawn = {};
+function changed(name, ...inputs) {
+  const prev = drawn[name];
+  if (prev && prev.length === inputs.length && prev.every((x, i) => x === inputs[i])) return false;
+  drawn[name] = inputs;
+  return true;
+}
+
 function drawCharts() {
   const sim = last.update.simulate;
   const c = sim.latency.components;
+  if (changed("budget", sim)) {
   const parts = [["feature_fetch", "feature fetch", "#7aa6c2"], ["queue", "queue", "#f2b134"], ["gpu", "GPU", "#6cae75"], ["network", "network", "#a57fc0"]];
-  Plotly.react("chart-budget", [
+  plot("chart-budget", [
     ...parts.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["mean"], x: [c[k].mean_ms], marker: { color } })),
     { type: "scatter", mode: "markers", name: "p50", y: ["mean"], x: [sim.latency.p50_ms], marker: { symbol: "line-ns-open", size: 24, color: "#333" } },
     { type: "scatter", mode: "markers", name: "p99", y: ["mean"], x: [sim.latency.p99_ms], marker: { symbol: "line-ns-open", size: 24, color: "#c0392b" } },
   ], { ...LAYOUT, barmode: "stack", xaxis: { title: { text: "latency (ms)" } } }, CONFIG);
   const hist = sim.batching.batch_size_histogram;
-  Plotly.react("chart-hist", [{ type: "bar", x: Object.keys(hist).map(Number), y: Object.values(hist), marker: { color: "#6cae75" } }],
+  plot("chart-hist", [{ type: "bar", x: Object.keys(hist).map(Number), y: Object.values(hist), marker: { color: "#6cae75" } }],
     { ...LAYOUT, xaxis: { title: { text: "rows per batch" } }, yaxis: { title: { text: "batches" } } }, CONFIG);
+  }
   const w = last.charts.window_sweep;
-  Plotly.react("chart-window", [
+  if (changed("window", w)) plot("chart-window", [
     { name: "p50 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p50_ms), mode: "lines+markers" },
     { name: "p99 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p99_ms), mode: "lines+markers" },
     { name: "throughput capacity (req/s)", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.capacity_per_s), yaxis: "y2", mode: "lines", line: { dash: "dot" } },
   ], { ...LAYOUT, xaxis: { title: { text: "batch window (ms)" } }, yaxis: { title: { text: "ms" } }, yaxis2: { title: { text: "req/s" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
   const q = last.charts.qps_sweep;
   const v = last.validation;
-  Plotly.react("chart-qps", [
+  if (changed("qps", q, v)) plot("chart-qps", [
     { name: "GPU busy", x: q.map((r) => r.qps), y: q.map((r) => r.busy_fraction), mode: "lines+markers" },
     { name: "p99 ms", x: q.map((r) => r.qps), y: q.map((r) => r.p99_ms), yaxis: "y2", mode: "lines+markers" },
     ...(v ? [
@@ -322,17 +457,17 @@ function drawCharts() {
     ] : []),
   ], { ...LAYOUT, xaxis: { title: { text: "offered load (requests/s)" } }, yaxis: { title: { text: "GPU busy" }, tickformat: ".0%", range: [0, 1.05] }, yaxis2: { title: { text: "p99 ms" }, overlaying: "y", side: "right" } }, CONFIG);
   const kv = last.update.kv;
-  if (kv) {
+  if (kv && changed("vram", JSON.stringify(kv.memory.per_gpu))) {
     const g = kv.memory.per_gpu;
     const segs = [["weights_bytes", "weights", "#8e8e8e"], ["activation_bytes", "activation", "#f2b134"], ["non_torch_bytes", "non-torch", "#d98880"],
       ["cudagraph_bytes", "CUDA graphs", "#a57fc0"], ["kv_pool_bytes", "KV pool", "#6cae75"], ["unused_bytes", "left by utilization", "#d5dbdb"]];
-    Plotly.react("chart-vram", segs.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["GPU"], x: [g[k] / 2 ** 30], marker: { color } })),
+    plot("chart-vram", segs.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["GPU"], x: [g[k] / 2 ** 30], marker: { color } })),
       { ...LAYOUT, barmode: "stack", xaxis: { title: { text: "GiB" } } }, CONFIG);
   }
-  if (last.paging) {
+  if (last.paging && changed("paging", last.paging)) {
     const res = last.paging.results;
     const kinds = [["token", "token states", "#6cae75"], ["reserved", "reserved", "#f2b134"], ["internal", "internal frag.", "#d98880"], ["external", "external frag.", "#a57fc0"], ["free", "free", "#d5dbdb"]];
-    Plotly.react("chart-paging", kinds.map(([k, name, color]) => ({ type: "bar", name, x: res.map((r) => r.strategy.replace("contiguous_", "contig. ")), y: res.map((r) => r.under_load[k]), marker: { color } })),
+    plot("chart-paging", kinds.map(([k, name, color]) => ({ type: "bar", name, x: res.map((r) => r.strategy.replace("contiguous_", "contig. ")), y: res.map((r) => r.under_load[k]), marker: { color } })),
       { ...LAYOUT, barmode: "stack", yaxis: { title: { text: "share of the KV pool" }, tickformat: ".0%", range: [0, 1] } }, CONFIG);
   }
 }
@@ -385,12 +520,16 @@ async function init() {
   buildControls();
   state = readUrl();
   showControls();
+  showPreset();
   $("#btn-export").addEventListener("click", () => download("scenario.toml", last.update.toml));
   $("#btn-link").addEventListener("click", async () => {
     try { await navigator.clipboard.writeText(location.href); $("#status").textContent = "link copied"; }
     catch { $("#status").textContent = location.href; }
   });
   $("#btn-load").addEventListener("click", () => $("#file-load").click());
+  for (const id of ["#paging-requests", "#paging-max-len", "#paging-prefix"]) {
+    $(id).addEventListener("change", () => { if (last.poolKey) refreshPaging({ ...state }, {}); });
+  }
   $("#btn-validation").addEventListener("click", () => $("#file-validation").click());
   $("#file-validation").addEventListener("change", async (e) => {
     const file = e.target.files[0];
@@ -404,7 +543,7 @@ async function init() {
       if (last.update && last.charts) drawCharts();
     } catch (err) { showError(err.message); }
   });
-  $("#btn-reset").addEventListener("click", () => { state = { ...META.default_state }; showControls(); schedule(); });
+  $("#btn-reset").addEventListener("click", () => { state = { ...META.default_state }; showControls(); showPreset(); schedule(); });
   $("#file-load").addEventListener("change", async (e) => {
     const file = e.target.files[0];
     if (!file) return;
@@ -455,7 +594,7 @@ async function driftRefresh() {
     const bad = Object.values(p.mismatches).reduce((a, b) => a + b, 0);
     $("#out-parity").textContent = p.ok ? "identical" : `${bad} mismatches`;
     $("#out-parity-detail").textContent = `${p.rows_checked} entity rows × ${Object.keys(p.mismatches).length} features, online vs offline point-in-time at ${p.at.slice(0, 16)}`;
-    Plotly.react("chart-drift", [
+    plot("chart-drift", [
       { type: "bar", name: "reference", x: d.bins, y: d.reference_share, marker: { color: "#888" } },
       { type: "bar", name: "current", x: d.bins, y: d.current_share, marker: { color: "#1f77b4" } },
     ], { ...LAYOUT, barmode: "group", yaxis: { title: { text: "share of rows" }, tickformat: ".0%" },
@@ -515,13 +654,13 @@ async function llmRefresh() {
     $("#out-llm-cost").textContent = `${d.gpus} · ${cost == null ? "n/a" : "$" + cost.toFixed(2)}`;
     $("#out-llm-notes").textContent = d.notes.slice(1).join("; ");
     const sw = d.sweep;
-    Plotly.react("chart-llm-rate", [
+    plot("chart-llm-rate", [
       { name: "TTFT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.ttft_p99_ms), mode: "lines+markers" },
       { name: "TPOT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.tpot_p99_ms), yaxis: "y2", mode: "lines+markers" },
     ], { ...LAYOUT, xaxis: { title: { text: "requests/s" } }, yaxis: { title: { text: "TTFT p99 (ms)" }, rangemode: "tozero" },
       yaxis2: { title: { text: "TPOT p99 (ms)" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
     const kv = d.kv_usage;
-    Plotly.react("chart-llm-kv", [
+    plot("chart-llm-kv", [
       { name: "KV blocks in use", x: kv.time_s, y: kv.blocks, mode: "lines" },
       { name: "preemption", x: kv.preempt_time_s, y: kv.preempt_time_s.map(() => d.num_blocks_per_replica), mode: "markers", marker: { symbol: "x", color: "#c0392b" } },
     ], { ...LAYOUT, xaxis: { title: { text: "time (s)" } }, yaxis: { title: { text: "KV blocks" }, range: [0, d.num_blocks_per_replica * 1.05] } }, CONFIG);
@@ -551,5 +690,4 @@ function llmInit() {
   llmRefresh();
 }
 
-init().then(llmInit);
-driftInit();
+init();
