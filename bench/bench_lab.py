@@ -5,7 +5,12 @@ the page sends them: while a slider moves, /api/update (the read-outs); when it
 is let go, /api/update and /api/charts (the sweeps behind the charts) together.
 Every state is new, so no cache answers. Target: p95 under 100 ms end to end.
 
-    python bench/bench_lab.py [--moves 60]
+Then, in Debian's headless Chromium (unless --no-browser): the time from navigation to
+the first read-out, and from each control's input event to its read-outs rendered and
+painted (25 moves each of QPS, batch window, max batch size, context and KV dtype),
+measured in the page, beside the server's own time for the same kind of update.
+
+    python bench/bench_lab.py [--moves 60] [--no-browser]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--moves", type=int, default=60)
+    ap.add_argument("--no-browser", action="store_true")
     args = ap.parse_args()
     with running_lab() as url, ThreadPoolExecutor(2) as pool:
         with urllib.request.urlopen(url + "/api/meta") as r:
@@ -89,6 +95,50 @@ def main() -> None:
     print(f"slider let go, with charts (/api/charts):  p50 {pct(whole, 50):6.1f} ms   "
           f"p95 {pct(whole, 95):6.1f} ms")
     print(f"mean whole update {statistics.mean(whole) * 1e3:.1f} ms")
+    if not args.no_browser:
+        browser_timings(pct(drag, 50))
+
+
+def browser_timings(server_preview_p50_ms: float) -> None:
+    from playwright.sync_api import sync_playwright
+    from tests.browser_support import CHROMIUM_ARGS, chromium_path, time_moves
+
+    exe = chromium_path()
+    if exe is None:
+        print("browser: chromium not installed (apt-get install chromium), skipped")
+        return
+    first_js = ("new MutationObserver(() => { const o = document.querySelector('#out-p99');"
+                " if (o && o.textContent.includes('ms') && window.__first === undefined)"
+                " window.__first = performance.now(); }).observe(document, {subtree: true,"
+                " childList: true, characterData: true});")
+    with running_lab() as url, sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+        firsts = []
+        for _ in range(5):
+            page = b.new_page(viewport={"width": 1400, "height": 1000})
+            page.add_init_script(first_js)
+            page.goto(url)
+            page.wait_for_function("window.__first !== undefined", timeout=60_000)
+            firsts.append(page.evaluate("window.__first") / 1e3)
+            page.wait_for_function("document.body.dataset.llmReady === '1' && "
+                                   "document.body.dataset.driftReady === '1' && "
+                                   "document.querySelector('#chart-qps .main-svg') !== null",
+                                   timeout=60_000)
+            page.close()
+        print(f"\nin the browser (headless Chromium), first read-outs after navigation: p50 "
+              f"{pct(firsts, 50):6.0f} ms  max {max(firsts) * 1e3:6.0f} ms  (target < 1,500)")
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        page.wait_for_function("document.body.dataset.llmReady === '1' && "
+                               "document.body.dataset.driftReady === '1' && "
+                               "document.querySelector('#chart-qps .main-svg') !== null",
+                               timeout=60_000)
+        for label, times in time_moves(page).items():
+            t = [x / 1e3 for x in times]
+            print(f"  {label:15} input -> read-outs painted: p50 {pct(t, 50):6.1f} ms  p95 "
+                  f"{pct(t, 95):6.1f} ms  (target p95 < 100; page / server preview p50 "
+                  f"{pct(t, 50) / server_preview_p50_ms:.1f}x)")
+        b.close()
 
 
 if __name__ == "__main__":

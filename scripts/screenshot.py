@@ -1,35 +1,41 @@
-"""Regenerate docs/lab.png: start the lab on a free port, open it in headless Chromium, shoot.
+"""Screenshots of the lab for the README: desktop (docs/lab.png) and phone width
+(docs/lab-phone.png), in Debian's headless Chromium.
 
-    .venv/bin/python scripts/screenshot.py [--out docs/lab.png]
+    .venv/bin/python scripts/screenshot.py
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_lab
+from playwright.sync_api import sync_playwright  # noqa: E402
+from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_lab  # noqa: E402
+
+READY = ("document.body.dataset.llmReady === '1' && document.body.dataset.driftReady === '1'"
+         " && document.querySelector('#chart-paging .main-svg') !== null"
+         " && document.querySelector('#paging-status').textContent === ''")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="docs/lab.png")
-    args = ap.parse_args()
-    from playwright.sync_api import sync_playwright
-
+    exe = chromium_path()
+    if exe is None:
+        sys.exit("chromium not installed; fix: apt-get install chromium")
     with running_lab() as url, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1700})
-        page.goto(url)
-        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
-        page.wait_for_function("document.querySelector('#chart-paging .main-svg') !== null",
-                               timeout=60_000)
-        page.screenshot(path=args.out, full_page=False)
-        browser.close()
-    print(f"wrote {args.out}")
+        b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+        for name, size, full in (("lab.png", (1440, 1700), False),
+                                 ("lab-phone.png", (390, 844), False)):
+            page = b.new_page(viewport={"width": size[0], "height": size[1]})
+            page.goto(url)
+            page.wait_for_function(READY, timeout=120_000)
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(ROOT / "docs" / name), full_page=full)
+            page.close()
+            print(f"docs/{name}")
+        b.close()
 
 
 if __name__ == "__main__":

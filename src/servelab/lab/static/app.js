@@ -412,8 +412,8 @@ function renderNotes(notes) {  // warnings the CLI prints (overload, caps, timeo
   box.hidden = notes.length === 0;
 }
 
-const LAYOUT = { margin: { l: 60, r: 60, t: 10, b: 45 }, height: 260, font: { size: 12 },
-  paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", legend: { orientation: "h", y: -0.25 } };
+const LAYOUT = { margin: { l: 60, r: 60, t: 10, b: 50 }, height: 290, font: { size: 12 },
+  paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", legend: { orientation: "h", y: -0.32, yanchor: "top" } };
 const CONFIG = { displayModeBar: false, responsive: true };
 
 // What each chart was last drawn from: a chart whose inputs are the same objects is not
@@ -441,6 +441,9 @@ function drawCharts() {
     { ...LAYOUT, xaxis: { title: { text: "rows per batch" } }, yaxis: { title: { text: "batches" } } }, CONFIG);
   }
   const w = last.charts.window_sweep;
+  // The sweeps run fewer requests per point than the cards: say so beside them.
+  const n = last.charts.requests_per_point;
+  for (const el of document.querySelectorAll(".chart-n")) el.textContent = `(each point ${fmt(n, "int")} simulated requests; the cards above ${fmt(last.update.simulate.requests.arrivals, "int")})`;
   if (changed("window", w)) plot("chart-window", [
     { name: "p50 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p50_ms), mode: "lines+markers" },
     { name: "p99 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p99_ms), mode: "lines+markers" },
