@@ -282,6 +282,17 @@ _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "max_num_batched_tokens": "llm.max_num_batched_tokens"}
 
 
+StepProfileOpt = Annotated[Path | None, typer.Option(
+    "--step-profile", help="A measured step profile instead of the roofline: a CSV of "
+    "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).")]
+
+
+def _step_profile(path: Path | None) -> Any:
+    from servelab.llm.serving import ProfileStepModel
+
+    return ProfileStepModel.from_csv(str(path)) if path is not None else None
+
+
 def _llm_spec(params: dict[str, Any]) -> Any:
     """One replica's vLLM deployment from an `llm` command's flags (--tp is its GPUs)."""
     if not 0 <= params["seed"] <= 2**63 - 1:
@@ -322,11 +333,12 @@ def llm_simulate(
     memory_efficiency: Annotated[float, typer.Option(
         help="Share of HBM bandwidth a decode reaches.")] = 0.8,
     overhead_ms: Annotated[float, typer.Option(help="Scheduler/launch time per step.")] = 0.5,
+    step_profile: StepProfileOpt = None,
     seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Continuous batching under vLLM v1's scheduler: TTFT, TPOT, end-to-end latency,
-    tokens per second, preemptions and $ per 1M tokens (roofline step times)."""
+    tokens per second, preemptions and $ per 1M tokens (roofline or measured step times)."""
     from servelab.llm.serving import Workload, serve_llm
 
     spec = _llm_spec(dict(locals()))
@@ -339,7 +351,8 @@ def llm_simulate(
                        enable_prefix_caching=prefix_caching, prefix_tokens=prefix_tokens,
                        prefix_hit_share=prefix_hit_share,
                        compute_efficiency=compute_efficiency,
-                       memory_efficiency=memory_efficiency, overhead_ms=overhead_ms)
+                       memory_efficiency=memory_efficiency, overhead_ms=overhead_ms,
+                       step_profile=_step_profile(step_profile))
     d = report.to_dict()
     if as_json:
         _emit_json(d)
@@ -385,6 +398,7 @@ def llm_plan(
     tpot_p99_ms: Annotated[float, typer.Option(help="SLO: p99 time per output token.")
                            ] = 50.0,
     max_replicas: Annotated[int, typer.Option(help="Largest replica count to try.")] = 256,
+    step_profile: StepProfileOpt = None,
     seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -395,7 +409,8 @@ def llm_plan(
         request_rate=rate, num_requests=num_requests, prompt_tokens=prompt_tokens,
         prompt_tokens_p99=prompt_tokens_p99, output_tokens=output_tokens,
         output_tokens_p99=output_tokens_p99, seed=seed),
-        ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas)
+        ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas,
+        step_profile=_step_profile(step_profile))
     d = result.to_dict()
     if as_json:
         _emit_json(d)

@@ -108,3 +108,48 @@ def check_writable_target(path: str | Path, field: str) -> Path:
         raise InputError(f"{field} = {shown}: not a usable path ({exc.strerror}); "
                          "fix: choose a shorter or valid path") from None
     return p
+
+
+def read_csv_columns(path: str | Path, field: str, columns: tuple[str, ...], *,
+                     max_rows: int) -> dict[str, Any]:
+    """Named numeric columns of a CSV (a header row, then numbers), as float64 arrays.
+
+    Column names match case-insensitively; extra columns are ignored; at most `max_rows`
+    rows are read (more is an error, not a silent cut)."""
+    import csv
+    import io
+
+    import numpy as np
+
+    text = read_text(path, field, what="CSV")
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""))
+        header = next(reader, None)
+        if header is None:
+            raise InputError(f"{field} = {cut(str(path))!r}: empty; expected a header row "
+                             f"{','.join(columns)} and rows of numbers; fix: add them")
+        where = {h.strip().lower(): i for i, h in enumerate(header)}
+        missing = [c for c in columns if c not in where]
+        if missing:
+            raise InputError(f"{field} = {cut(str(path))!r}: columns {cut(str(header), 120)}; "
+                             f"expected {', '.join(columns)}; fix: name the columns "
+                             f"{','.join(columns)} (missing: {', '.join(missing)})")
+        idx = [where[c] for c in columns]
+        rows: list[list[float]] = []
+        for n, row in enumerate(reader, start=2):
+            if not row or all(not x.strip() for x in row):
+                continue
+            if len(rows) >= max_rows:
+                raise InputError(f"{field} = {cut(str(path))!r}: more than {max_rows:,} rows; "
+                                 "fix: keep a representative sample")
+            try:
+                rows.append([float(row[i]) for i in idx])
+            except (ValueError, IndexError):
+                raise InputError(f"{field} = {cut(str(path))!r}: line {n} is not "
+                                 f"{len(columns)} numbers ({cut(','.join(row), 80)}); "
+                                 "fix: correct or drop that line") from None
+    except csv.Error as exc:
+        raise InputError(f"{field} = {cut(str(path))!r}: not a CSV ({cut(str(exc), 80)}); "
+                         "fix: save it as comma-separated text") from None
+    arr = np.array(rows, dtype=np.float64).reshape(-1, len(columns))
+    return {c: arr[:, k].copy() for k, c in enumerate(columns)}

@@ -143,7 +143,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--replicas", "--prefix-tokens", "--prefix-hit-share",
                           "--compute-efficiency", "--memory-efficiency", "--overhead-ms",
                           "--model", "--kv-dtype", "--block-size", "--arrival", "--seed",
-                          "--gpu-memory-utilization"],
+                          "--gpu-memory-utilization", "--step-profile"],
     ("llm", "plan"): ["--rate", "--max-num-seqs", "--tp", "--ttft-p99-ms", "--tpot-p99-ms",
                       "--max-replicas", "--model", "--seed"],
     ("serve",): ["--model", "--max-batch-size", "--max-queue-delay-us", "--instances",

@@ -98,7 +98,8 @@ def test_kv_table_and_mistakes():
     assert p.returncode == 0, p.stderr
     assert "each GPU's memory" in p.stdout
     for args, needle in [(("kv", "--model", "lama-3.1-8b"), "did you mean 'llama-3.1-8b'?"),
-                         (("kv", "--num-gpus", "3", "--tp", "2"), "multiple of the tensor"),
+                         (("kv", "--num-gpus", "3", "--tp", "2"),
+                          "--num-gpus ([llm] num_gpus) = 3: expected a multiple of [llm] tp"),
                          (("kv", "--kv-dtype", "fp7"), "--kv-dtype ([llm] kv_dtype) = 'fp7'")]:
         p = run(*args)
         assert p.returncode == 1, (args, p.stderr)

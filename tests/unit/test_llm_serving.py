@@ -211,3 +211,120 @@ def test_plan_finds_the_fewest_replicas_meeting_the_slos():
     none = plan_llm(spec, w, ttft_p99_ms=0.001, tpot_p99_ms=0.001, max_replicas=4)
     assert none.replicas is None
     assert [r["replicas"] for r in none.search] == [1, 2, 4]
+
+
+# -- mixtures of experts, tensor-parallel all-reduce, a measured step profile -------------
+
+def _spec(model: str, tp: int, gpu: str = "H100-SXM"):  # type: ignore[no-untyped-def]
+    from servelab.api import load
+    from servelab.llm.pool import pool_spec
+
+    return pool_spec(load("seed", {"llm.model": model, "llm.num_gpus": tp, "llm.tp": tp,
+                                   "llm.kv_dtype": "auto", "llm.weight_dtype": "auto",
+                                   "llm.gpu": gpu}))
+
+
+@pytest.mark.parametrize(("model", "stated_active"), [
+    # Mistral AI, "Mixtral of experts" (2023-12-11): "12.9B parameters per token"
+    ("mixtral-8x7b", 12.9e9),
+    # DeepSeek-V3 model card / technical report (2024-12): "37B activated for each token"
+    ("deepseek-v3", 37e9),
+])
+def test_moe_active_parameters_are_the_authors_figures(model, stated_active):
+    from servelab.llm.models import get_model
+
+    m = get_model(model)
+    assert m.active_parameters == pytest.approx(stated_active, rel=0.02)
+    # FLOPs count the active parameters, memory all of them
+    step = StepModel.roofline(_spec(model, 8))
+    assert step.flops_per_token == pytest.approx(2 * m.active_parameters / 8)
+    from servelab.llm.kv import weights_bytes
+
+    assert step.weight_bytes == pytest.approx(weights_bytes(m, "auto") / 8)
+
+
+def test_a_dense_model_has_no_active_share():
+    from servelab.llm.models import get_model
+
+    m = get_model("llama-3.1-8b")
+    assert m.active_parameters is None
+    assert m.parameters_per_token == m.num_parameters
+
+
+def test_tensor_parallel_all_reduce_hand_worked():
+    """Llama 3 70B (80 layers, hidden 8192) on 4 H100s (450 GB/s a direction): each of the
+    160 all-reduces a step moves 2 x 3/4 x tokens x 8192 x 2 bytes at 0.7 x 450 GB/s, plus
+    6 us."""
+    step = StepModel.roofline(_spec("llama-3-70b", 4))
+    assert step.allreduces_per_step == 160
+    for tokens in (1, 1000):
+        per = 6e-6 + 1.5 * tokens * 8192 * 2 / (0.7 * 450e9)
+        assert step.allreduce_s(tokens) == pytest.approx(160 * per, rel=1e-12)
+    one = StepModel.roofline(_spec("llama-3.1-8b", 1))
+    assert one.allreduce_s(1000) == 0.0  # one GPU: nothing to reduce
+    # the all-reduce is part of the step: the same step with it removed is shorter by it
+    bare = StepModel(**{**{f: getattr(step, f) for f in step.__slots__},  # type: ignore[arg-type]
+                        "allreduces_per_step": 0})
+    assert step.step_s(1000, 0.0, 0.0) - bare.step_s(1000, 0.0, 0.0) == pytest.approx(
+        step.allreduce_s(1000))
+
+
+def _write_profile(path, rows):  # type: ignore[no-untyped-def]
+    path.write_text("prefill_tokens,decode_seqs,kv_tokens_read,step_ms\n"
+                    + "".join(f"{a},{b},{c},{d}\n" for a, b, c, d in rows))
+    return path
+
+
+def test_a_step_profile_is_fitted_and_drives_the_scheduler(tmp_path):
+    from servelab.llm.serving import ProfileStepModel
+
+    def true_ms(p: int, d: int, kv: int) -> float:
+        return 2.0 + 0.05 * p + 0.1 * d + 0.0001 * kv
+
+    pts = [(p, d, kv) for p in (0, 256, 2048) for d in (0, 1, 16, 64) for kv in (0, 20_000)
+           if p or d]
+    csv_path = _write_profile(tmp_path / "steps.csv", [(*x, true_ms(*x)) for x in pts])
+    m = ProfileStepModel.from_csv(str(csv_path))
+    assert (m.base_ms, m.per_prefill_token_ms, m.per_decode_seq_ms, m.per_kv_token_ms) == \
+        pytest.approx((2.0, 0.05, 0.1, 0.0001), rel=1e-9)
+    assert m.max_abs_error_pct < 1e-6
+    # one request alone: its prefill step, then one decode step per further token
+    res = simulate_serving(reqs([0.0], [100], [3]), SchedulerConfig(num_blocks=100), m)
+    prefill = true_ms(100, 0, 0)
+    assert res.ttft_s[0] * 1e3 == pytest.approx(prefill)
+    # decode steps read the context so far: 100, then 101 tokens
+    decode = (true_ms(0, 1, 100) + true_ms(0, 1, 101)) / 2
+    assert res.tpot_s[0] * 1e3 == pytest.approx(decode)
+
+
+def test_a_negative_term_is_dropped_not_kept(tmp_path):
+    """Decode time that falls with KV read is noise: the fit keeps every term >= 0."""
+    from servelab.llm.serving import ProfileStepModel
+
+    rows = [(512, 0, 0, 30.0), (0, 1, 0, 5.0), (0, 8, 100_000, 5.5), (0, 32, 10, 7.0),
+            (1024, 0, 0, 56.0)]
+    m = ProfileStepModel.from_csv(str(_write_profile(tmp_path / "s.csv", rows)))
+    assert min(m.base_ms, m.per_prefill_token_ms, m.per_decode_seq_ms, m.per_kv_token_ms) >= 0
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("a,b\n1,2\n", "expected prefill_tokens, decode_seqs, kv_tokens_read, step_ms"),
+    ("prefill_tokens,decode_seqs,kv_tokens_read,step_ms\n1,2,x,4\n", "line 2"),
+    ("prefill_tokens,decode_seqs,kv_tokens_read,step_ms\n1,0,0,4\n2,0,0,5\n", "at least 4"),
+    ("prefill_tokens,decode_seqs,kv_tokens_read,step_ms\n" + "1,0,0,4\n" * 5,
+     "steps with prefill tokens and steps with decode sequences"),
+    ("prefill_tokens,decode_seqs,kv_tokens_read,step_ms\n" + "1,1,-5,4\n" * 5, ">= 0"),
+    ("", "empty"),
+])
+def test_step_profile_mistakes_are_one_line(tmp_path, text, says):
+    import subprocess
+    import sys
+
+    f = tmp_path / "p.csv"
+    f.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "servelab", "llm", "simulate", "--step-profile",
+                        str(f), "--num-requests", "50"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert says in r.stderr, r.stderr

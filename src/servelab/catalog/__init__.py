@@ -20,6 +20,7 @@ FIGURES = (
     "bf16_dense_tflops",
     "fp8_dense_tflops",
     "price_per_gpu_hour_usd",
+    "interconnect_gbps",
 )
 
 
@@ -44,6 +45,7 @@ class GpuSpec:
     fp8_dense_tflops: float | None
     price_per_gpu_hour_usd: float
     memory_runtime_gib: float | None = None
+    interconnect_gbps: float | None = None  # one direction, GB/s (tensor-parallel traffic)
     sources: tuple[tuple[str, Sourced], ...] = ()
 
     # Where no runtime figure is recorded: the runtime reports about 1% less than the

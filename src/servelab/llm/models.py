@@ -41,8 +41,14 @@ class ModelConfig:
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # one per layer; () means every layer is FULL
     checkpoint_dtype: str | None = None  # a quantized checkpoint's weight dtype (fp8, int4)
+    active_parameters: float | None = None  # a mixture of experts: those a token uses
     source: str = ""
     params_source: str = ""
+
+    @property
+    def parameters_per_token(self) -> float:
+        """Parameters each token's forward pass multiplies through (FLOPs = 2 x this)."""
+        return self.active_parameters or self.num_parameters
 
     @property
     def is_mla(self) -> bool:
@@ -108,6 +114,26 @@ def estimate_parameters(cfg: dict[str, Any]) -> float:
     return float(emb + cfg["num_hidden_layers"] * (attn + mlp))
 
 
+def estimate_active_parameters(cfg: dict[str, Any], total: float) -> float | None:
+    """Parameters a token passes through, for a mixture of experts (None: dense).
+
+    Each MoE layer routes a token to ``num_experts_per_tok`` of its routed experts (plus
+    any shared experts, which every token uses); the other routed experts' gated MLPs
+    (3 x hidden x moe_intermediate each) are inactive for it. Layers before
+    ``first_k_dense_replace`` are dense. Mixtral 8x7B gives 12.9B of 46.7B and
+    DeepSeek-V3 37.5B of 671B, the figures their authors state (12.9B, 37B).
+    """
+    experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 1
+    k = cfg.get("num_experts_per_tok")
+    if experts <= 1 or not k:
+        return None
+    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or (
+        4 * cfg["hidden_size"])
+    moe_layers = cfg["num_hidden_layers"] - (cfg.get("first_k_dense_replace") or 0)
+    inactive = max(0, moe_layers) * max(0, experts - k) * 3 * cfg["hidden_size"] * inter
+    return float(max(total - inactive, total / experts))
+
+
 # Ranges a config.json's numbers are held to: wide enough for any released model, narrow
 # enough that the sizing arithmetic and the per-layer lists stay small.
 _INT_RANGES = {
@@ -125,6 +151,9 @@ _INT_RANGES = {
     "qk_rope_head_dim": (1, 1_000_000),
     "num_local_experts": (1, 100_000),
     "n_routed_experts": (1, 100_000),
+    "num_experts_per_tok": (1, 100_000),
+    "n_shared_experts": (0, 100_000),
+    "first_k_dense_replace": (0, 10_000),
 }
 
 
@@ -205,6 +234,7 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
     heads = int(need("num_attention_heads"))
     hidden = int(need("hidden_size"))
     head_dim = int(cfg.get("head_dim") or hidden // heads)
+    total = float(cfg.get("num_parameters") or estimate_parameters(cfg))
     return ModelConfig(
         key=key,
         name=str(cfg.get("name", key)),
@@ -216,7 +246,8 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
         intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden),
         vocab_size=int(cfg.get("vocab_size") or 32000),
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
-        num_parameters=float(cfg.get("num_parameters") or estimate_parameters(cfg)),
+        num_parameters=total,
+        active_parameters=estimate_active_parameters(cfg, total),
         torch_dtype=str(cfg.get("torch_dtype") or "bfloat16"),
         kv_lora_rank=cfg.get("kv_lora_rank"),
         qk_rope_head_dim=cfg.get("qk_rope_head_dim") if cfg.get("kv_lora_rank") else None,

@@ -30,8 +30,14 @@ Step time (``StepModel``), per GPU of a tensor-parallel group:
           + each scheduled request's cached context, KV bytes per token per GPU
   time  = max(FLOPs / (peak x compute_efficiency), bytes / (HBM bandwidth x
           memory_efficiency)) + overhead per step.
-Left out and stated: tensor-parallel all-reduce time, MoE (all parameters count as
-active), sampling and detokenization, CUDA graphs' padding, speculative decoding.
+  A mixture of experts counts its active parameters for FLOPs (those a token is routed
+  through) and all of them for bytes. With tp > 1, each layer's two all-reduces add
+  2 x layers x (latency + 2 (tp - 1) / tp x tokens x hidden x 2 bytes / (link bandwidth x
+  link efficiency)), not overlapped with compute.
+Or a measured step profile (``ProfileStepModel``): step_ms fitted to prefill tokens,
+decode sequences and KV tokens read from a user's own steps.
+Left out and stated: sampling and detokenization, CUDA graphs' padding, speculative
+decoding, expert-parallel all-to-all (experts are split by tensor parallelism).
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ Z99 = 2.3263478740408408
 
 @dataclass(frozen=True, slots=True)
 class StepModel:
-    """A step's time on one tensor-parallel group (figures per GPU)."""
+    """A step's time on one tensor-parallel group (figures per GPU): a roofline, plus the
+    tensor-parallel all-reduces a step makes."""
 
     weight_bytes: float
     kv_bytes_per_token: float
@@ -74,26 +81,52 @@ class StepModel:
     compute_efficiency: float = 0.5
     memory_efficiency: float = 0.8
     overhead_s: float = 0.0005
+    tp: int = 1
+    allreduces_per_step: int = 0  # two per layer (after attention, after the MLP)
+    allreduce_bytes_per_token: float = 0.0  # the hidden state each all-reduce sums
+    link_bytes_per_s: float = 0.0  # GPU-to-GPU, one direction
+    link_efficiency: float = 0.7
+    allreduce_latency_s: float = 0.000006
 
-    def step_s(self, tokens: int, attn_context: float, kv_tokens_read: float) -> float:
+    kind = "roofline"
+
+    def step_s(self, tokens: int, attn_context: float, kv_tokens_read: float,
+               decode_seqs: int = 0) -> float:
         flops = tokens * self.flops_per_token + attn_context * self.attn_flops_per_context_token
         data = self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token
         return max(flops / (self.peak_flops * self.compute_efficiency),
-                   data / (self.hbm_bytes_per_s * self.memory_efficiency)) + self.overhead_s
+                   data / (self.hbm_bytes_per_s * self.memory_efficiency)
+                   ) + self.overhead_s + self.allreduce_s(tokens)
+
+    def allreduce_s(self, tokens: int) -> float:
+        """A ring all-reduce moves 2 (tp - 1) / tp of the data through each GPU's link; each
+        also pays a fixed latency. Not overlapped with compute (vLLM does not)."""
+        if self.tp <= 1 or self.allreduces_per_step == 0:
+            return 0.0
+        moved = 2.0 * (self.tp - 1) / self.tp * tokens * self.allreduce_bytes_per_token
+        return self.allreduces_per_step * (
+            self.allreduce_latency_s + moved / (self.link_bytes_per_s * self.link_efficiency))
 
     @classmethod
     def roofline(cls, spec: PoolSpec, *, compute_efficiency: float = 0.5,
-                 memory_efficiency: float = 0.8, overhead_ms: float = 0.5) -> StepModel:
+                 memory_efficiency: float = 0.8, overhead_ms: float = 0.5,
+                 link_efficiency: float = 0.7, allreduce_latency_us: float = 6.0
+                 ) -> StepModel:
+        """FLOPs count the parameters a token passes through (a mixture of experts' active
+        ones); bytes count every weight (a batch of tokens touches nearly every expert)."""
         m, g, tp = spec.model, spec.gpu, spec.tp
         kv_dtype = resolve_kv_dtype(spec.kv_dtype, m)
         w = (spec.weights_gib * 2**30 if spec.weights_gib is not None
              else weights_bytes(m, spec.weight_dtype))
         fp8 = spec.weight_dtype in ("fp8",) or m.checkpoint_dtype == "fp8"
         peak = (g.fp8_dense_tflops if fp8 and g.fp8_dense_tflops else g.bf16_dense_tflops)
+        if tp > 1 and not g.interconnect_gbps:
+            raise invalid("--tp", tp, f"tp 1 on {g.key}: the catalog has no GPU-to-GPU "
+                          "bandwidth for it", "set [hardware] interconnect_gbps, or --tp 1")
         return cls(
             weight_bytes=w / tp,
             kv_bytes_per_token=bytes_per_token_per_gpu(m, kv_dtype, tp),
-            flops_per_token=2.0 * m.num_parameters / tp,
+            flops_per_token=2.0 * m.parameters_per_token / tp,
             attn_flops_per_context_token=4.0 * m.num_layers * m.num_attention_heads
             * m.head_dim / tp,
             peak_flops=peak * 1e12,
@@ -101,7 +134,82 @@ class StepModel:
             compute_efficiency=compute_efficiency,
             memory_efficiency=memory_efficiency,
             overhead_s=overhead_ms / 1e3,
+            tp=tp,
+            allreduces_per_step=2 * m.num_layers if tp > 1 else 0,
+            allreduce_bytes_per_token=2.0 * m.hidden_size,  # bf16 activations
+            link_bytes_per_s=(g.interconnect_gbps or 0.0) * 1e9,
+            link_efficiency=link_efficiency,
+            allreduce_latency_s=allreduce_latency_us / 1e6,
         )
+
+
+PROFILE_COLUMNS = ("prefill_tokens", "decode_seqs", "kv_tokens_read", "step_ms")
+MAX_PROFILE_ROWS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileStepModel:
+    """Step time from a measured profile (e.g. a vLLM log's steps): a CSV of
+    prefill_tokens, decode_seqs, kv_tokens_read and step_ms, fitted by least squares to
+    step_ms = base + per prefill token + per decode sequence + per KV token read, each
+    term at least 0 (a term the data would make negative is dropped and the rest
+    refitted). Measured steps are scattered, not a grid, so they are fitted, not
+    interpolated; the fit's error on the profile itself is kept and reported."""
+
+    base_ms: float
+    per_prefill_token_ms: float
+    per_decode_seq_ms: float
+    per_kv_token_ms: float
+    rows: int
+    max_abs_error_pct: float
+    source: str
+
+    kind = "profile"
+
+    def step_s(self, tokens: int, attn_context: float, kv_tokens_read: float,
+               decode_seqs: int = 0) -> float:
+        return (self.base_ms + self.per_prefill_token_ms * (tokens - decode_seqs)
+                + self.per_decode_seq_ms * decode_seqs
+                + self.per_kv_token_ms * kv_tokens_read) / 1e3
+
+    @classmethod
+    def fit(cls, prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray, step_ms: np.ndarray,
+            source: str = "") -> ProfileStepModel:
+        x = np.column_stack([np.ones(prefill.size), prefill, decode, kv]).astype(np.float64)
+        y = np.asarray(step_ms, dtype=np.float64)
+        keep = [0, 1, 2, 3]
+        coef = np.zeros(4)
+        while keep:
+            c, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+            if (c >= 0).all():
+                coef[keep] = c
+                break
+            keep = [k for k, v in zip(keep, c, strict=True) if v >= 0] if (c >= 0).any() \
+                else []
+        err = np.abs(x @ coef - y) / np.maximum(y, 1e-9)
+        return cls(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]),
+                   rows=int(y.size),
+                   max_abs_error_pct=float(err.max() * 100) if y.size else 0.0, source=source)
+
+    @classmethod
+    def from_csv(cls, path: str) -> ProfileStepModel:
+        """Read and fit a step profile; every problem is one clear line."""
+        from servelab.files import read_csv_columns
+
+        cols = read_csv_columns(path, "--step-profile", PROFILE_COLUMNS,
+                                max_rows=MAX_PROFILE_ROWS)
+        prefill, decode, kv, ms = (cols[c] for c in PROFILE_COLUMNS)
+        for name, v in zip(PROFILE_COLUMNS, (prefill, decode, kv, ms), strict=True):
+            if not (np.isfinite(v).all() and (v >= 0).all()):
+                raise invalid(f"--step-profile column {name}", path, "finite numbers >= 0",
+                              "fix or drop the rows with negative or missing values")
+        if ms.size < 4 or not (ms > 0).all():
+            raise invalid("--step-profile", path, "at least 4 steps, each step_ms > 0",
+                          "record more steps (prefills and decodes at several batch sizes)")
+        if not ((prefill > 0).any() and (decode > 0).any()):
+            raise invalid("--step-profile", path, "steps with prefill tokens and steps with "
+                          "decode sequences", "record both kinds of step")
+        return cls.fit(prefill, decode, kv, ms, source=path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +285,8 @@ def lognormal_lengths(mean: float, p99: float | None, n: int, rng: np.random.Gen
     return np.clip(x, 1, MAX_TOKENS_PER_REQUEST).astype(np.int64)
 
 
-def simulate_serving(req: Requests, cfg: SchedulerConfig, model: StepModel) -> ServingResult:
+def simulate_serving(req: Requests, cfg: SchedulerConfig,
+                     model: StepModel | ProfileStepModel) -> ServingResult:
     """One replica under vLLM v1's scheduler; see the module docstring."""
     cfg.check()
     n = req.arrival_s.size
@@ -295,16 +404,18 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig, model: StepModel) -> S
         tokens = 0
         attn = 0.0
         kv_read = 0.0
+        decodes = 0
         for i, new in sched:
             c = computed[i]
             tokens += new
             attn += new * c + new * (new + 1) / 2
             kv_read += c
             if prompt[i] + gen[i] - c == 1 and gen[i] > 0:
-                decode_tok += 1
+                decodes += 1
             else:
                 prefill_tok += new
-        dt = model.step_s(tokens, attn, kv_read)
+        decode_tok += decodes
+        dt = model.step_s(tokens, attn, kv_read, decodes)
         t += dt
         busy += dt
         running_sum += len(running)
@@ -420,9 +531,12 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               enable_chunked_prefill: bool = True, enable_prefix_caching: bool = False,
               prefix_tokens: int = 0, prefix_hit_share: float = 0.0,
               compute_efficiency: float = 0.5, memory_efficiency: float = 0.8,
-              overhead_ms: float = 0.5) -> ServingReport:
+              overhead_ms: float = 0.5,
+              step_profile: ProfileStepModel | None = None) -> ServingReport:
     """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
-    among them at random (a Poisson stream split at random stays Poisson)."""
+    among them at random (a Poisson stream split at random stays Poisson). Step times
+    come from the roofline, or from `step_profile` (a measured profile, fitted) when
+    given: measured on one tensor-parallel group of this deployment."""
     if not 1 <= replicas <= 10_000:
         raise invalid("--replicas", replicas, "1 to 10,000", "e.g. --replicas 2")
     for name, v in (("--compute-efficiency", compute_efficiency),
@@ -440,8 +554,9 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     if pool.num_blocks < 1:
         raise invalid("KV pool", 0, "at least one block", "more GPUs (--tp), a smaller "
                       "model or KV dtype, or a higher --gpu-memory-utilization")
-    model = StepModel.roofline(spec, compute_efficiency=compute_efficiency,
-                               memory_efficiency=memory_efficiency, overhead_ms=overhead_ms)
+    model: StepModel | ProfileStepModel = step_profile or StepModel.roofline(
+        spec, compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
+        overhead_ms=overhead_ms)
     cfg = SchedulerConfig(num_blocks=pool.num_blocks, block_size=spec.block_size,
                           max_num_seqs=spec.max_num_seqs,
                           max_num_batched_tokens=spec.max_num_batched_tokens,
@@ -478,9 +593,23 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     price = spec.gpu.price_per_gpu_hour_usd
     gpus = replicas * spec.tp
     per_hour = gpus * price
-    notes = ["step time is a roofline with stated efficiencies (compute "
-             f"{compute_efficiency:g}, memory {memory_efficiency:g}, {overhead_ms:g} ms a "
-             "step); tensor-parallel all-reduce time and MoE sparsity are not modelled"]
+    if isinstance(model, ProfileStepModel):
+        notes = [f"step time fitted to the measured profile {model.source} ({model.rows:,} "
+                 f"steps; the fit is within {model.max_abs_error_pct:.1f}% of every one): "
+                 f"{model.base_ms:.3g} ms + {model.per_prefill_token_ms:.3g} ms per prefill "
+                 f"token + {model.per_decode_seq_ms:.3g} ms per decode sequence + "
+                 f"{model.per_kv_token_ms:.3g} ms per KV token read"]
+    else:
+        notes = ["step time is a roofline with stated efficiencies (compute "
+                 f"{compute_efficiency:g}, memory {memory_efficiency:g}, {overhead_ms:g} ms a "
+                 "step" + (f"; {spec.tp}-way all-reduces at {spec.gpu.interconnect_gbps:g} GB/s"
+                           f", {model.link_efficiency:g} efficiency, "
+                           f"{model.allreduce_latency_s * 1e6:g} us each"
+                           if spec.tp > 1 else "") + ")"]
+        if spec.model.active_parameters:
+            notes.append(f"mixture of experts: FLOPs count the "
+                         f"{spec.model.active_parameters / 1e9:.1f}B active parameters, "
+                         f"memory reads all {spec.model.num_parameters / 1e9:.1f}B")
     if rejected.any():
         notes.append(f"{int(rejected.sum())} requests could never fit one replica's KV pool "
                      f"({pool.num_blocks:,} blocks of {spec.block_size}) and were rejected")
@@ -501,17 +630,28 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         preemptions=pre,
         cost_per_million_output_usd=per_hour / (out_tps * 3600) * 1e6 if out_tps else math.inf,
         cost_per_million_input_usd=per_hour / (in_tps * 3600) * 1e6 if in_tps else math.inf,
-        step_model={"weight_bytes_per_gpu": model.weight_bytes,
-                    "kv_bytes_per_token_per_gpu": model.kv_bytes_per_token,
-                    "flops_per_token_per_gpu": model.flops_per_token,
-                    "peak_tflops": model.peak_flops / 1e12,
-                    "hbm_tbps": model.hbm_bytes_per_s / 1e12,
-                    "decode_step_ms_batch1": model.step_s(1, 1.0, 0.0) * 1e3},
+        step_model=_step_model_dict(model),
         kv_usage={"time_s": first_res.kv_time_s.tolist() if first_res else [],
                   "blocks": first_res.kv_blocks.tolist() if first_res else [],
                   "preempt_time_s": first_res.preempt_time_s.tolist() if first_res else []},
         notes=tuple(notes),
     )
+
+
+def _step_model_dict(model: StepModel | ProfileStepModel) -> dict[str, Any]:
+    one = {"kind": model.kind, "decode_step_ms_batch1": model.step_s(1, 1.0, 0.0, 1) * 1e3}
+    if isinstance(model, ProfileStepModel):
+        return {**one, "base_ms": model.base_ms,
+                "per_prefill_token_ms": model.per_prefill_token_ms,
+                "per_decode_seq_ms": model.per_decode_seq_ms,
+                "per_kv_token_ms": model.per_kv_token_ms, "profile_rows": model.rows,
+                "fit_max_abs_error_pct": model.max_abs_error_pct, "source": model.source}
+    return {**one, "weight_bytes_per_gpu": model.weight_bytes,
+            "kv_bytes_per_token_per_gpu": model.kv_bytes_per_token,
+            "flops_per_token_per_gpu": model.flops_per_token,
+            "peak_tflops": model.peak_flops / 1e12,
+            "hbm_tbps": model.hbm_bytes_per_s / 1e12,
+            "allreduce_ms_batch1": model.allreduce_s(1) * 1e3}
 
 
 @dataclass(frozen=True, slots=True)
