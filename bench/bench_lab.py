@@ -101,38 +101,26 @@ def main() -> None:
 
 def browser_timings(server_preview_p50_ms: float) -> None:
     from playwright.sync_api import sync_playwright
-    from tests.browser_support import CHROMIUM_ARGS, chromium_path, time_moves
+    from tests.browser_support import (
+        CHROMIUM_ARGS,
+        SETTLED_JS,
+        chromium_path,
+        first_readout_ms,
+        time_moves,
+    )
 
     exe = chromium_path()
     if exe is None:
         print("browser: chromium not installed (apt-get install chromium), skipped")
         return
-    first_js = ("new MutationObserver(() => { const o = document.querySelector('#out-p99');"
-                " if (o && o.textContent.includes('ms') && window.__first === undefined)"
-                " window.__first = performance.now(); }).observe(document, {subtree: true,"
-                " childList: true, characterData: true});")
     with running_lab() as url, sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-        firsts = []
-        for _ in range(5):
-            page = b.new_page(viewport={"width": 1400, "height": 1000})
-            page.add_init_script(first_js)
-            page.goto(url)
-            page.wait_for_function("window.__first !== undefined", timeout=60_000)
-            firsts.append(page.evaluate("window.__first") / 1e3)
-            page.wait_for_function("document.body.dataset.llmReady === '1' && "
-                                   "document.body.dataset.driftReady === '1' && "
-                                   "document.querySelector('#chart-qps .main-svg') !== null",
-                                   timeout=60_000)
-            page.close()
+        firsts = [first_readout_ms(b, url) / 1e3 for _ in range(5)]
         print(f"\nin the browser (headless Chromium), first read-outs after navigation: p50 "
               f"{pct(firsts, 50):6.0f} ms  max {max(firsts) * 1e3:6.0f} ms  (target < 1,500)")
         page = b.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url)
-        page.wait_for_function("document.body.dataset.llmReady === '1' && "
-                               "document.body.dataset.driftReady === '1' && "
-                               "document.querySelector('#chart-qps .main-svg') !== null",
-                               timeout=60_000)
+        page.wait_for_function(SETTLED_JS, timeout=60_000)
         for label, times in time_moves(page).items():
             t = [x / 1e3 for x in times]
             print(f"  {label:15} input -> read-outs painted: p50 {pct(t, 50):6.1f} ms  p95 "

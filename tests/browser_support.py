@@ -41,6 +41,34 @@ def running_lab(timeout_s: float = 60.0) -> Iterator[str]:
         yield url
 
 
+# The page's first read-out: ms since navigation started, as window.__first.
+FIRST_READOUT_JS = """
+new MutationObserver(() => {
+  const o = document.querySelector('#out-p99');
+  if (o && o.textContent.includes('ms') && window.__first === undefined)
+    window.__first = performance.now();  // ms since navigation started
+}).observe(document, { subtree: true, childList: true, characterData: true });
+"""
+
+# The page has finished starting: its other sections answered, plotly.js drew the charts.
+SETTLED_JS = ("document.body.dataset.llmReady === '1' && "
+              "document.body.dataset.driftReady === '1' && "
+              "document.querySelector('#chart-qps .main-svg') !== null")
+
+
+def first_readout_ms(browser, url: str) -> float:  # type: ignore[no-untyped-def]
+    """One visit in a new page: ms from navigation to the first read-out; the page is
+    left to settle (so the next visit does not share the server with its start-up)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.add_init_script(FIRST_READOUT_JS)
+    page.goto(url)
+    page.wait_for_function("window.__first !== undefined", timeout=60_000)
+    ms = float(page.evaluate("window.__first"))
+    page.wait_for_function(SETTLED_JS, timeout=60_000)
+    page.close()
+    return ms
+
+
 # Time from a control's input event to the read-outs showing its answer, measured in the
 # page: the control gets its new value and its event; a MutationObserver takes the moment
 # the page renders the answer (the read-outs' `data-rendered` count moves: a read-out whose

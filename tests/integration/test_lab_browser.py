@@ -12,7 +12,14 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_lab, time_moves
+from tests.browser_support import (
+    CHROMIUM_ARGS,
+    SETTLED_JS,
+    chromium_path,
+    first_readout_ms,
+    running_lab,
+    time_moves,
+)
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -122,29 +129,12 @@ def test_page_loads_clean_and_local_only(browser, lab_url):
     page.close()
 
 
-FIRST_READOUT_JS = """
-new MutationObserver(() => {
-  const o = document.querySelector('#out-p99');
-  if (o && o.textContent.includes('ms') && window.__first === undefined)
-    window.__first = performance.now();  // ms since navigation started
-}).observe(document, { subtree: true, childList: true, characterData: true });
-"""
 
 
 def test_first_readouts_paint_within_1_5_s(browser, lab_url):
     """Measured in the page, from navigation to the first read-out's text: the read-outs
     come before plotly.js (4.8 MB) and before the other sections ask for anything."""
-    times = []
-    for _ in range(3):
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.add_init_script(FIRST_READOUT_JS)
-        page.goto(lab_url)
-        page.wait_for_function("window.__first !== undefined", timeout=30_000)
-        times.append(page.evaluate("window.__first"))
-        wait_ready(page)  # let this page's own sections finish before the next visit
-        page.wait_for_function("document.body.dataset.llmReady === '1' && "
-                               "document.body.dataset.driftReady === '1'", timeout=60_000)
-        page.close()
+    times = [first_readout_ms(browser, lab_url) for _ in range(3)]
     assert sorted(times)[1] < 1500, times  # the median of three visits
 
 
@@ -153,10 +143,7 @@ def test_each_readout_follows_its_control_within_100_ms(browser, lab_url):
     input event to the read-out's new text (and the frame that paints it), p95 < 100 ms."""
     page, watch = open_lab(browser, lab_url)
     # the page's start-up is over: its other sections answered, plotly.js drew the charts
-    page.wait_for_function("document.body.dataset.llmReady === '1' && "
-                           "document.body.dataset.driftReady === '1' && "
-                           "document.querySelector('#chart-qps .main-svg') !== null",
-                           timeout=60_000)
+    page.wait_for_function(SETTLED_JS, timeout=60_000)
     results = time_moves(page)
     for label, times in results.items():
         assert len(times) >= 20, (label, times)
