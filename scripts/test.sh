@@ -26,6 +26,7 @@ fi
 if [ ! -x .venv-pytriton/bin/python ] || ! .venv-pytriton/bin/python -c "import pytriton" \
         2>/dev/null; then
     echo "building .venv-pytriton (nvidia-pytriton) for the real-Triton test..." >&2
+    rm -rf .venv-pytriton  # a half-built venv or a link left behind is rebuilt from nothing
     "${PYTHON:-python3}" -m venv .venv-pytriton
     .venv-pytriton/bin/python -m pip install --quiet --disable-pip-version-check \
         nvidia-pytriton || echo "note: nvidia-pytriton did not install; the real-Triton" \
