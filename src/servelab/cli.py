@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,7 +26,7 @@ from servelab.errors import InputError, ServelabError, StoreError, cut, invalid
 from servelab.files import check_writable_target
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
-from servelab.scenario import Scenario
+from servelab.scenario import LlmPool, Scenario
 from servelab.seed import seed_comparison, seed_rows_dict
 
 app = typer.Typer(
@@ -84,7 +85,7 @@ def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario
 
     An error in a flag's value names the flag as typed and the scenario key it sets.
     """
-    given = {key: params[name] for name, key in keys.items()}
+    given = {key: params[name] for name, key in keys.items() if name in params}
     if "batching.preferred_batch_size" in given and not given["batching.preferred_batch_size"]:
         given["batching.preferred_batch_size"] = None  # Typer gives [] for "not given"
     if given.get("llm.num_gpus") is not None and given.get("llm.tp") is None:
@@ -102,7 +103,7 @@ def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario
         for name, key in keys.items():
             section, _, field = key.partition(".")
             label = f"[{section}] {field}"
-            if given[key] is not None and msg.startswith(label):
+            if given.get(key) is not None and msg.startswith(label):
                 flag = "--" + name.replace("_", "-")
                 raise InputError(f"{flag} ({label}){msg[len(field) + len(section) + 3:]}"
                                  ) from None
@@ -279,7 +280,29 @@ llm_app = typer.Typer(help="LLM serving under vLLM's scheduler: TTFT, TPOT, toke
                       no_args_is_help=True)
 app.add_typer(llm_app, name="llm")
 _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
-             "max_num_batched_tokens": "llm.max_num_batched_tokens"}
+             "max_num_batched_tokens": "llm.max_num_batched_tokens",
+             "rate": "llm.request_rate", "num_requests": "llm.num_requests",
+             "arrival": "llm.arrival", "prompt_tokens": "llm.prompt_tokens",
+             "prompt_tokens_p99": "llm.prompt_tokens_p99",
+             "output_tokens": "llm.output_tokens", "output_tokens_p99": "llm.output_tokens_p99",
+             "replicas": "llm.replicas", "chunked_prefill": "llm.enable_chunked_prefill",
+             "prefix_caching": "llm.enable_prefix_caching",
+             "prefix_tokens": "llm.prefix_tokens", "prefix_hit_share": "llm.prefix_hit_share",
+             "ttft_p99_ms": "llm.ttft_p99_slo_ms", "tpot_p99_ms": "llm.tpot_p99_slo_ms",
+             "step_profile": "llm.step_profile_csv"}
+
+RateOpt = Annotated[float | None, typer.Option(
+    help="Requests per second over all replicas ([llm] request_rate, default 5).")]
+LlmNReqOpt = Annotated[int | None, typer.Option(
+    help="Requests to simulate ([llm] num_requests, default 2000).")]
+PromptOpt = Annotated[float | None, typer.Option(
+    help="Prompt length, mean tokens ([llm] prompt_tokens, default 512).")]
+PromptP99Opt = Annotated[float | None, typer.Option(
+    help="Prompt p99 (log-normal through mean and p99; default: fixed).")]
+OutputOpt = Annotated[float | None, typer.Option(
+    help="Output length, mean tokens ([llm] output_tokens, default 256).")]
+OutputP99Opt = Annotated[float | None, typer.Option(
+    help="Output p99 (log-normal; default: fixed).")]
 
 
 StepProfileOpt = Annotated[Path | None, typer.Option(
@@ -287,18 +310,36 @@ StepProfileOpt = Annotated[Path | None, typer.Option(
     "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).")]
 
 
-def _step_profile(path: Path | None) -> Any:
+def _step_profile(s: Scenario, llm: LlmPool) -> Any:
     from servelab.llm.serving import ProfileStepModel
 
-    return ProfileStepModel.from_csv(str(path)) if path is not None else None
+    path = llm.step_profile_csv
+    if path is None:
+        return None
+    return ProfileStepModel.from_csv(str(s.resolve_path(path, "[llm] step_profile_csv")))
 
 
-def _llm_spec(params: dict[str, Any]) -> Any:
-    """One replica's vLLM deployment from an `llm` command's flags (--tp is its GPUs)."""
+def _llm_workload(llm: LlmPool, seed: int) -> Any:
+    from servelab.llm.serving import Workload
+
+    return Workload(request_rate=llm.request_rate, num_requests=llm.num_requests,
+                    arrival=llm.arrival, prompt_tokens=llm.prompt_tokens,
+                    prompt_tokens_p99=llm.prompt_tokens_p99, output_tokens=llm.output_tokens,
+                    output_tokens_p99=llm.output_tokens_p99, seed=seed)
+
+
+def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
+    """The scenario with an `llm` command's flags applied (--tp is one replica's GPUs), and
+    one replica's vLLM deployment."""
     if not 0 <= params["seed"] <= 2**63 - 1:
         raise invalid("--seed", params["seed"], "a whole number >= 0", "e.g. --seed 0")
-    s = _load({**params, "num_gpus": params["tp"], "context": None}, _LLM_KEYS)
-    return pool_spec(s)
+    path = params.get("step_profile")
+    s = _load({**params, "num_gpus": params["tp"], "context": None,
+               "step_profile": None if path is None else str(path)}, _LLM_KEYS)
+    if s.llm is None:
+        s = replace(s, llm=LlmPool())
+    assert s.llm is not None
+    return s, s.llm, pool_spec(s)
 
 
 @llm_app.command("simulate")
@@ -307,27 +348,26 @@ def llm_simulate(
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
     tp: Annotated[int | None, typer.Option("--tp", help="GPUs per replica (tensor-parallel "
                                            "size).")] = None,
-    replicas: Annotated[int, typer.Option(help="Replicas, each of --tp GPUs.")] = 1,
+    replicas: Annotated[int | None, typer.Option(
+        help="Replicas, each of --tp GPUs ([llm] replicas, default 1).")] = None,
     gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="vLLM max_num_batched_tokens (the token budget of a step).")] = None,
-    rate: Annotated[float, typer.Option(help="Requests per second (all replicas).")] = 5.0,
-    num_requests: Annotated[int, typer.Option(help="Requests to simulate.")] = 2000,
-    arrival: Annotated[str, typer.Option(help="poisson or constant.")] = "poisson",
-    prompt_tokens: Annotated[float, typer.Option(help="Prompt length, mean tokens.")] = 512,
-    prompt_tokens_p99: Annotated[float | None, typer.Option(
-        help="Prompt p99 (log-normal through mean and p99; default: fixed).")] = None,
-    output_tokens: Annotated[float, typer.Option(help="Output length, mean tokens.")] = 256,
-    output_tokens_p99: Annotated[float | None, typer.Option(
-        help="Output p99 (log-normal; default: fixed).")] = None,
-    chunked_prefill: Annotated[bool, typer.Option(
-        help="vLLM enable_chunked_prefill (on in v1).")] = True,
-    prefix_caching: Annotated[bool, typer.Option(
-        help="vLLM enable_prefix_caching, with --prefix-tokens shared.")] = False,
-    prefix_tokens: Annotated[int, typer.Option(help="Tokens of the shared prefix.")] = 0,
-    prefix_hit_share: Annotated[float, typer.Option(
-        help="Share of requests that start with the shared prefix.")] = 0.0,
+    rate: RateOpt = None, num_requests: LlmNReqOpt = None,
+    arrival: Annotated[str | None, typer.Option(
+        help="poisson or constant ([llm] arrival, default poisson).")] = None,
+    prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
+    output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
+    chunked_prefill: Annotated[bool | None, typer.Option(
+        help="vLLM enable_chunked_prefill ([llm] enable_chunked_prefill, on in v1).")
+                               ] = None,
+    prefix_caching: Annotated[bool | None, typer.Option(
+        help="vLLM enable_prefix_caching, with --prefix-tokens shared.")] = None,
+    prefix_tokens: Annotated[int | None, typer.Option(
+        help="Tokens of the shared prefix ([llm] prefix_tokens).")] = None,
+    prefix_hit_share: Annotated[float | None, typer.Option(
+        help="Share of requests that start with the shared prefix.")] = None,
     compute_efficiency: Annotated[float, typer.Option(
         help="Share of peak FLOPs a prefill reaches.")] = 0.5,
     memory_efficiency: Annotated[float, typer.Option(
@@ -339,20 +379,16 @@ def llm_simulate(
 ) -> None:
     """Continuous batching under vLLM v1's scheduler: TTFT, TPOT, end-to-end latency,
     tokens per second, preemptions and $ per 1M tokens (roofline or measured step times)."""
-    from servelab.llm.serving import Workload, serve_llm
+    from servelab.llm.serving import serve_llm
 
-    spec = _llm_spec(dict(locals()))
-    report = serve_llm(spec, Workload(request_rate=rate, num_requests=num_requests,
-                                      arrival=arrival, prompt_tokens=prompt_tokens,
-                                      prompt_tokens_p99=prompt_tokens_p99,
-                                      output_tokens=output_tokens,
-                                      output_tokens_p99=output_tokens_p99, seed=seed),
-                       replicas=replicas, enable_chunked_prefill=chunked_prefill,
-                       enable_prefix_caching=prefix_caching, prefix_tokens=prefix_tokens,
-                       prefix_hit_share=prefix_hit_share,
+    s, llm, spec = _llm_spec(dict(locals()))
+    report = serve_llm(spec, _llm_workload(llm, seed), replicas=llm.replicas,
+                       enable_chunked_prefill=llm.enable_chunked_prefill,
+                       enable_prefix_caching=llm.enable_prefix_caching,
+                       prefix_tokens=llm.prefix_tokens, prefix_hit_share=llm.prefix_hit_share,
                        compute_efficiency=compute_efficiency,
                        memory_efficiency=memory_efficiency, overhead_ms=overhead_ms,
-                       step_profile=_step_profile(step_profile))
+                       step_profile=_step_profile(s, llm))
     d = report.to_dict()
     if as_json:
         _emit_json(d)
@@ -387,30 +423,31 @@ def llm_plan(
     max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="vLLM max_num_batched_tokens.")] = None,
-    rate: Annotated[float, typer.Option(help="Requests per second (all replicas).")] = 5.0,
-    num_requests: Annotated[int, typer.Option(help="Requests to simulate per try.")] = 2000,
-    prompt_tokens: Annotated[float, typer.Option(help="Prompt length, mean tokens.")] = 512,
-    prompt_tokens_p99: Annotated[float | None, typer.Option(help="Prompt p99.")] = None,
-    output_tokens: Annotated[float, typer.Option(help="Output length, mean tokens.")] = 256,
-    output_tokens_p99: Annotated[float | None, typer.Option(help="Output p99.")] = None,
-    ttft_p99_ms: Annotated[float, typer.Option(help="SLO: p99 time to first token.")
-                           ] = 1000.0,
-    tpot_p99_ms: Annotated[float, typer.Option(help="SLO: p99 time per output token.")
-                           ] = 50.0,
+    rate: RateOpt = None, num_requests: LlmNReqOpt = None,
+    prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
+    output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
+    ttft_p99_ms: Annotated[float | None, typer.Option(
+        help="SLO: p99 time to first token, ms ([llm] ttft_p99_slo_ms, default 1000).")
+                           ] = None,
+    tpot_p99_ms: Annotated[float | None, typer.Option(
+        help="SLO: p99 time per output token, ms ([llm] tpot_p99_slo_ms, default 50).")
+                           ] = None,
     max_replicas: Annotated[int, typer.Option(help="Largest replica count to try.")] = 256,
     step_profile: StepProfileOpt = None,
     seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """The fewest replicas meeting p99 TTFT and TPOT SLOs, and $ per 1M tokens there."""
-    from servelab.llm.serving import Workload, plan_llm
+    from servelab.llm.serving import plan_llm
 
-    result = plan_llm(_llm_spec(dict(locals())), Workload(
-        request_rate=rate, num_requests=num_requests, prompt_tokens=prompt_tokens,
-        prompt_tokens_p99=prompt_tokens_p99, output_tokens=output_tokens,
-        output_tokens_p99=output_tokens_p99, seed=seed),
-        ttft_p99_ms=ttft_p99_ms, tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas,
-        step_profile=_step_profile(step_profile))
+    s, llm, spec = _llm_spec(dict(locals()))
+    ttft_p99_ms, tpot_p99_ms = llm.ttft_p99_slo_ms, llm.tpot_p99_slo_ms
+    result = plan_llm(spec, _llm_workload(llm, seed), ttft_p99_ms=ttft_p99_ms,
+                      tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas,
+                      enable_chunked_prefill=llm.enable_chunked_prefill,
+                      enable_prefix_caching=llm.enable_prefix_caching,
+                      prefix_tokens=llm.prefix_tokens, prefix_hit_share=llm.prefix_hit_share,
+                      step_profile=_step_profile(s, llm))
     d = result.to_dict()
     if as_json:
         _emit_json(d)

@@ -217,6 +217,22 @@ class LlmPool:
     max_num_seqs: int = 256
     gpu_memory_gb: float | None = None
     weights_gb: float | None = None
+    # Serving (`servelab llm simulate|plan`): the workload, the scheduler's switches, SLOs.
+    request_rate: float = 5.0  # requests per second over all replicas
+    num_requests: int = 2000
+    arrival: str = "poisson"  # poisson or constant
+    prompt_tokens: float = 512.0  # mean; with a p99 the lengths are log-normal
+    prompt_tokens_p99: float | None = None
+    output_tokens: float = 256.0
+    output_tokens_p99: float | None = None
+    replicas: int = 1
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    prefix_tokens: int = 0
+    prefix_hit_share: float = 0.0
+    ttft_p99_slo_ms: float = 1000.0
+    tpot_p99_slo_ms: float = 50.0
+    step_profile_csv: str | None = None  # a measured step profile instead of the roofline
 
     @property
     def tensor_parallel(self) -> int:
@@ -348,6 +364,12 @@ def _enum(cls: type[Enum]) -> Callable[[str, Any], Any]:
         raise invalid(name, v, f"one of {', '.join(choices)}", fix)
 
     return conv
+
+
+def _bool(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise invalid(name, v, "true or false", f"write {name.split()[-1]} = true (or false)")
+    return v
 
 
 def _choice(*choices: str) -> Callable[[str, Any], str]:
@@ -539,6 +561,21 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "max_num_seqs": _int(1, 1_000_000),
         "gpu_memory_gb": _opt(_num(0, 1e6, strict_lo=True)),
         "weights_gb": _opt(_num(0, 1e9)),
+        "request_rate": _num(0, 1e6, strict_lo=True),
+        "num_requests": _int(1, 1_000_000),
+        "arrival": _choice("poisson", "constant"),
+        "prompt_tokens": _num(1, 10_000_000),
+        "prompt_tokens_p99": _opt(_num(1, 10_000_000)),
+        "output_tokens": _num(1, 10_000_000),
+        "output_tokens_p99": _opt(_num(1, 10_000_000)),
+        "replicas": _int(1, 10_000),
+        "enable_chunked_prefill": _bool,
+        "enable_prefix_caching": _bool,
+        "prefix_tokens": _int(0, 10_000_000),
+        "prefix_hit_share": _num(0, 1),
+        "ttft_p99_slo_ms": _num(0, 3_600_000, strict_lo=True),
+        "tpot_p99_slo_ms": _num(0, 3_600_000, strict_lo=True),
+        "step_profile_csv": _opt(_str),
     }),
 }
 

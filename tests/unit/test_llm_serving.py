@@ -4,6 +4,7 @@ whose times are known exactly, and properties over random workloads."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -328,3 +329,50 @@ def test_step_profile_mistakes_are_one_line(tmp_path, text, says):
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
     assert says in r.stderr, r.stderr
+
+
+def test_the_scenario_holds_the_serving_workload_and_flags_override_it(tmp_path):
+    """[llm] carries the workload, the scheduler's switches, the SLOs and a step profile
+    (relative to the scenario file); a flag given on the command line wins."""
+    import json
+    import subprocess
+    import sys
+
+    seed_toml = (Path(__file__).resolve().parents[2] / "src/servelab/data/seed.toml").read_text()
+    _write_profile(tmp_path / "steps.csv", [(p, d, 0, 2.0 + 0.05 * p + 0.1 * d)
+                                           for p in (0, 128, 512) for d in (0, 4, 16) if p or d])
+    (tmp_path / "s.toml").write_text(seed_toml.replace("[llm]", """[llm]
+request_rate = 3.0
+num_requests = 200
+prompt_tokens = 128
+output_tokens = 32
+enable_prefix_caching = true
+prefix_tokens = 64
+prefix_hit_share = 0.5
+tpot_p99_slo_ms = 40
+step_profile_csv = "steps.csv"
+""", 1))
+
+    def run(*args: str) -> dict:  # type: ignore[type-arg]
+        r = subprocess.run([sys.executable, "-m", "servelab", "llm", *args, "--scenario",
+                            str(tmp_path / "s.toml"), "--json"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+    from_file = run("simulate")
+    assert from_file["requests"]["arrived"] == 200
+    assert from_file["step_model"]["kind"] == "profile"
+    assert from_file["step_model"]["base_ms"] == pytest.approx(2.0)
+    flags = run("simulate", "--num-requests", "150", "--rate", "6")
+    assert flags["requests"]["arrived"] == 150
+    assert flags["ttft_ms"] != from_file["ttft_ms"]
+    planned = run("plan", "--max-replicas", "4")
+    assert (planned["tpot_p99_slo_ms"], planned["ttft_p99_slo_ms"]) == (40, 1000)
+    assert planned["search"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(seed_toml.replace("[llm]", "[llm]\nenable_chunked_prefill = 1\n", 1))
+    r = subprocess.run([sys.executable, "-m", "servelab", "llm", "simulate", "--scenario",
+                        str(bad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "[llm] enable_chunked_prefill = 1: expected true or false" in r.stderr
