@@ -376,3 +376,36 @@ step_profile_csv = "steps.csv"
                         str(bad)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "[llm] enable_chunked_prefill = 1: expected true or false" in r.stderr
+
+
+# -- the roofline's two sides against a step's GEMMs measured on a real H200 ---------------
+# bench/device/gemm_steps.py, run once on an NVIDIA H200 (PyTorch 2.11, CUDA graphs, random
+# bf16 weights) for Llama 3.1 8B (tp 1) and Llama 3 70B's per-GPU half (tp 2): one step's
+# weight GEMMs over T tokens. The files in bench/device/results/ are that run's output.
+GEMM_RESULTS = Path(__file__).resolve().parents[2] / "bench" / "device" / "results"
+
+
+@pytest.mark.parametrize("name", ["h200_llama8b_tp1.json", "h200_llama70b_tp2.json"])
+def test_roofline_sides_against_gemms_measured_on_an_h200(name):
+    import json
+
+    from servelab.catalog import get_gpu
+
+    d = json.loads((GEMM_RESULTS / name).read_text())
+    assert "H200" in d["gpu"]
+    g = get_gpu("H200")
+    p = d["params_per_gpu"]
+    defaults = StepModel(0, 0, 0, 0, 1, 1)  # the roofline's stated efficiencies
+    model = StepModel(weight_bytes=2.0 * p, kv_bytes_per_token=0.0, flops_per_token=2.0 * p,
+                      attn_flops_per_context_token=0.0, peak_flops=g.bf16_dense_tflops * 1e12,
+                      hbm_bytes_per_s=g.hbm_bandwidth_tbps * 1e12, overhead_s=0.0,
+                      compute_efficiency=defaults.compute_efficiency,
+                      memory_efficiency=defaults.memory_efficiency)
+    for row in d["rows"]:
+        t, measured = row["tokens"], row["median_ms"]
+        predicted = model.step_s(t, 0.0, 0.0) * 1e3
+        if t <= 32:  # weights read once: the memory side holds within 15%
+            assert predicted == pytest.approx(measured, rel=0.15), (t, predicted, measured)
+        if t >= 512:  # compute-bound GEMMs beat the stated 0.5 of peak (0.69-0.77 measured):
+            # the roofline's prefill side is conservative for the GEMMs, by 30-60%
+            assert 1.2 < predicted / measured < 1.7, (t, predicted, measured)
