@@ -107,9 +107,37 @@ def main() -> None:
     full = load_scenario("seed").with_overrides({"workload.num_requests": 1_000_000})
     t_full, _ = best_of(lambda: run_simulate(full), 3)
     print(f"full report path (servelab simulate, 1,000,000 requests, seed): {t_full:.3f} s, "
-          f"{1_000_000 / t_full:,.0f} req/s")
+          f"{1_000_000 / t_full:,.0f} req/s (target 20M)")
+    print(memory_per_request(5_000_000))  # the most a scenario may ask for
     if not ok_all:
         sys.exit("latencies differ between servelab and SimPy")
+
+
+MEMORY_PROBE = """
+import resource, sys, time
+from servelab.api import run_simulate
+from servelab.scenario import load_scenario
+s = load_scenario("seed")
+run_simulate(s.with_overrides({"workload.num_requests": 1000}))  # imports, compiled code
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+n = int(sys.argv[1])
+t = time.perf_counter()
+run_simulate(s.with_overrides({"workload.num_requests": n}))
+t = time.perf_counter() - t
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(f"{n:,} seed requests through run_simulate: {t:.2f} s ({n / t:,.0f} req/s), "
+      f"peak memory {(peak - base) / n:.1f} bytes per request (target <= 40)")
+"""
+
+
+def memory_per_request(n: int) -> str:
+    """The whole path's peak memory per request, as the process's peak RSS grows (Numba's
+    own allocations included, which tracemalloc does not see), in a fresh process."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(n)], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
 
 
 if __name__ == "__main__":

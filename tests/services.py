@@ -12,7 +12,32 @@ from collections.abc import Iterator
 
 from servelab.measure.process import free_port, server_process
 
-__all__ = ["free_port", "redis_server", "server_process"]
+__all__ = ["free_port", "free_port_run", "redis_server", "server_process"]
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports free on every address, below the kernel's
+    ephemeral range (32768 and up), so a client's outgoing connection cannot take one of
+    them between this check and the server's bind (Triton binds HTTP, GRPC and metrics on
+    0.0.0.0, at port, port + 1 and port + 2)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - count)
+        socks = []
+        try:
+            for k in range(count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no run of {count} free ports between 20000 and 32000")
 
 
 @contextlib.contextmanager

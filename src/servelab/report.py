@@ -33,6 +33,15 @@ class Stat:
         return cls(float(seconds.mean() * 1e3), *(float(x) for x in p))
 
     @classmethod
+    def of_ns(cls, ns: np.ndarray) -> Stat:
+        """The same from int64 nanoseconds, partitioned in place (`ns` is a temporary)."""
+        if ns.size == 0:
+            return cls(*([float("nan")] * 5))
+        mean_ms = float(ns.mean()) / 1e6
+        p = np.percentile(ns, PERCENTILES, overwrite_input=True) / 1e6
+        return cls(mean_ms, *(float(x) for x in p))
+
+    @classmethod
     def constant(cls, ms: float) -> Stat:
         return cls(ms, ms, ms, ms, ms)
 
@@ -238,40 +247,52 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
         ),
     )
 
-    if counts["served"] == counts["arrivals"]:  # the common case: no mask to apply
-        queue_s = (r.start_ns - r.arrival_ns) / 1e9
-        gpu_s = (r.end_ns - r.start_ns) / 1e9
-        fetch_s, net_s = sim.fetch_s, sim.network_s
-    else:
-        queue_s = (r.start_ns[served] - r.arrival_ns[served]) / 1e9
-        gpu_s = (r.end_ns[served] - r.start_ns[served]) / 1e9
-        fetch_s, net_s = sim.fetch_s[served], sim.network_s[served]
+    # Latencies from the int64 nanosecond records, one array at a time (memory: a run of
+    # 1e7 requests holds one temporary of 8 bytes a request here, not several floats).
+    all_served = counts["served"] == counts["arrivals"]  # the common case: no mask
+
+    def part(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out: np.ndarray = (a - b) if all_served else (a[served] - b[served])
+        return out
+
     lat = s.latency
     fetch_const = lat.is_constant("feature_fetch")
     net_const = lat.is_constant("network")
-    fetch_stat = (Stat.constant(lat.feature_fetch_ms) if fetch_const or not queue_s.size
+    queue_ns = part(r.start_ns, r.arrival_ns)
+    n_served = queue_ns.size
+    queue_stat = Stat.of_ns(queue_ns)
+    mean_queue_ms = queue_stat.mean_ms
+    del queue_ns
+    gpu_stat = Stat.of_ns(part(r.end_ns, r.start_ns))
+    fetch_s = sim.fetch_s if fetch_const or all_served else sim.fetch_s[served]
+    net_s = sim.network_s if net_const or all_served else sim.network_s[served]
+    fetch_stat = (Stat.constant(lat.feature_fetch_ms) if fetch_const or not n_served
                   else Stat.of(fetch_s))
-    net_stat = (Stat.constant(lat.network_ms) if net_const or not queue_s.size
+    net_stat = (Stat.constant(lat.network_ms) if net_const or not n_served
                 else Stat.of(net_s))
-    e2e_s = queue_s + gpu_s
-    if not fetch_const:
-        e2e_s += fetch_s
-    if not net_const:
-        e2e_s += net_s
-    e2e = Stat.of(e2e_s)
+    if fetch_const and net_const:  # queue + GPU is completion - arrival, kept in int64
+        e2e = Stat.of_ns(part(r.end_ns, r.arrival_ns))
+    else:
+        e2e_s = part(r.end_ns, r.arrival_ns) / 1e9
+        if not fetch_const:
+            e2e_s += fetch_s
+        if not net_const:
+            e2e_s += net_s
+        e2e = Stat.of(e2e_s)
+        del e2e_s
     if fetch_const or net_const:  # constants shift every percentile by the same amount
         shift = (lat.feature_fetch_ms if fetch_const else 0.0) + (
             lat.network_ms if net_const else 0.0)
         e2e = Stat(*(x + shift for x in (e2e.mean_ms, e2e.p50_ms, e2e.p90_ms, e2e.p95_ms,
                                           e2e.p99_ms)))
     latency = LatencyStats(
-        mean_queue_ms=float(queue_s.mean() * 1e3) if queue_s.size else float("nan"),
+        mean_queue_ms=mean_queue_ms,
         mean_ms=e2e.mean_ms, p50_ms=e2e.p50_ms, p90_ms=e2e.p90_ms, p95_ms=e2e.p95_ms,
         p99_ms=e2e.p99_ms,
         components={
             "feature_fetch": fetch_stat,
-            "queue": Stat.of(queue_s),
-            "gpu": Stat.of(gpu_s),
+            "queue": queue_stat,
+            "gpu": gpu_stat,
             "network": net_stat,
             "end_to_end": e2e,
         },

@@ -119,3 +119,27 @@ def test_every_request_is_accounted_for():
     assert c["timed_out"] > 0
     assert c["served"] > 0
     assert int(r.batch_size.sum()) == c["served"]
+
+
+def test_runs_of_small_batches_get_room_for_every_batch():
+    """The per-batch records start with room for a batch per 4 requests; a run of batches
+    of one overflows that and runs again with room for all: same result as one batch per
+    request, for both closing rules."""
+    from servelab.batching.simulate import simulate_policy
+    from servelab.scenario import BatchingPolicy
+
+    n = 5_000
+    arrivals = np.arange(n, dtype=np.int64) * 10 * MS  # far apart: every batch holds one
+    table = np.full(33, 1.0 * MS)
+    for closing in (Closing.TRITON, Closing.ABSORB):
+        r = simulate_policy(arrivals, table, np.ones(1), BatchingPolicy(closing=closing), 1)
+        assert r.batch_size.size == n
+        assert (r.batch_size == 1).all()
+        assert (r.batch == np.arange(n)).all()
+        assert (r.status == SERVED).all()
+        assert (r.end_ns - r.start_ns == MS).all()
+        # a batch per 5 requests fits the first room
+        bunched = np.repeat(np.arange(n // 5, dtype=np.int64) * 10 * MS, 5)
+        r5 = simulate_policy(bunched, table, np.ones(1), BatchingPolicy(closing=closing), 1)
+        assert r5.batch_size.size == n // 5
+        assert (r5.batch_size == 5).all()

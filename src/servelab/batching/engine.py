@@ -108,7 +108,9 @@ def start_batch(t: int | np.int64, ids: np.ndarray, lo: int, size: int, nb: int,
                 b_size: np.ndarray, b_start: np.ndarray, b_end: np.ndarray,
                 b_inst: np.ndarray) -> int:
     """Record batch `nb` of ids[lo:lo + size] starting at t on `inst`; returns its end."""
-    dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * multiplier[nb])))
+    # one multiplier per batch, or a single one for all (deterministic service)
+    m = multiplier[nb] if multiplier.size > 1 else multiplier[0]
+    dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * m)))
     done = t + dur
     for j in range(lo, lo + size):
         r = ids[j]
@@ -134,12 +136,15 @@ def run_batcher(
     num_instances: int,
     max_queue_size: int,
     timeout_ns: int,
+    batch_cap: int,
 ) -> tuple[np.ndarray, ...]:
     """Run the batcher over sorted arrivals.
 
     ``exec_ns[b]`` is the mean execution time of a batch of b rows; the k-th
     batch dispatched takes ``exec_ns[b] * multiplier[k]`` (at least 1 ns).
-    ``preferred[b]`` is True for each preferred batch size.
+    ``preferred[b]`` is True for each preferred batch size. The per-batch records have
+    room for ``batch_cap`` batches; a run that needs more stops and returns no batches
+    (``simulate_policy`` runs it again with room for one batch per request).
 
     Returns per request (status, start_ns, end_ns, batch) and per batch
     (size, start_ns, end_ns, instance). ``end_ns`` is the completion time for
@@ -158,10 +163,10 @@ def run_batcher(
     start = np.full(n, -1, np.int64)
     end = np.full(n, -1, np.int64)
     batch_of = np.full(n, -1, np.int64)
-    b_size = np.zeros(n, np.int64)
-    b_start = np.zeros(n, np.int64)
-    b_end = np.zeros(n, np.int64)
-    b_inst = np.zeros(n, np.int64)
+    b_size = np.zeros(batch_cap, np.int64)
+    b_start = np.zeros(batch_cap, np.int64)
+    b_end = np.zeros(batch_cap, np.int64)
+    b_inst = np.zeros(batch_cap, np.int64)
     busy_t = np.zeros(num_instances, np.int64)  # heap of busy instances: free time, index
     busy_i = np.zeros(num_instances, np.int64)
     n_busy = 0
@@ -213,6 +218,9 @@ def run_batcher(
                 break
             inst = heap_pop(idle_k, idle_i, n_idle)  # the idle instance, lowest index
             n_idle -= 1
+            if nb == batch_cap:  # out of room: the caller runs again with more
+                return (status, start, end, batch_of, b_size[:0], b_start[:0], b_end[:0],
+                        b_inst[:0])
             done = start_batch(t, queue, head, size, nb, inst, exec_ns, multiplier, status,
                                start, end, batch_of, b_size, b_start, b_end, b_inst)
             head += size

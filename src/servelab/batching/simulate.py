@@ -16,7 +16,7 @@ from servelab.batching.service import (
 )
 from servelab.batching.triton_engine import run_batcher_triton
 from servelab.errors import InputError
-from servelab.scenario import BatchingPolicy, Closing, Latency, Scenario
+from servelab.scenario import BatchingPolicy, Closing, Latency, Scenario, Variability
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -67,21 +67,30 @@ def simulate_policy(
     preferred = np.zeros(policy.max_batch_size + 1, dtype=np.bool_)
     preferred[list(policy.effective_preferred)] = True
     arrival_ns = np.ascontiguousarray(arrival_ns, dtype=np.int64)
-    if multiplier.size < arrival_ns.size:
-        raise ValueError("need one service multiplier per possible batch (one per request)")
+    if multiplier.size != 1 and multiplier.size < arrival_ns.size:
+        raise ValueError("need one service multiplier per possible batch (one per request), "
+                         "or one for all")
     engine = run_batcher_triton if policy.closing is Closing.TRITON else run_batcher
-    out = engine(
-        arrival_ns,
-        np.ascontiguousarray(exec_ns, dtype=np.float64),
-        np.ascontiguousarray(multiplier, dtype=np.float64),
-        preferred,
-        policy.max_batch_size,
-        policy.max_queue_delay_microseconds * 1000,
-        num_instances,
-        policy.max_queue_size,
-        policy.default_timeout_microseconds * 1000,
-    )
-    status, start, end, batch, b_size, b_start, b_end, b_inst = out
+    n = arrival_ns.size
+    # Room for a batch per 4 requests first (any batching fits), not one per request: the
+    # per-batch records are 32 bytes each. A run of smaller batches runs again with room
+    # for one batch per request.
+    for batch_cap in (n // 4 + 16, n):
+        out = engine(
+            arrival_ns,
+            np.ascontiguousarray(exec_ns, dtype=np.float64),
+            np.ascontiguousarray(multiplier, dtype=np.float64),
+            preferred,
+            policy.max_batch_size,
+            policy.max_queue_delay_microseconds * 1000,
+            num_instances,
+            policy.max_queue_size,
+            policy.default_timeout_microseconds * 1000,
+            batch_cap,
+        )
+        status, start, end, batch, b_size, b_start, b_end, b_inst = out
+        if b_size.size or not (status == SERVED).any():
+            break
     return Records(arrival_ns, status, start, end, batch, b_size, b_start, b_end, b_inst,
                    num_instances)
 
@@ -93,7 +102,7 @@ class Simulation:
     scenario: Scenario
     service: ServiceModel
     records: Records
-    fetch_s: np.ndarray
+    fetch_s: np.ndarray  # per request; empty when the component is a constant (its median)
     network_s: np.ndarray
 
 
@@ -106,7 +115,7 @@ def _component(lat: Latency, part: str, n: int, rng: np.random.Generator) -> np.
         return drawn
     median_ms, p99_ms = getattr(lat, f"{part}_ms"), getattr(lat, f"{part}_p99_ms")
     if p99_ms is None or lat.is_constant(part):
-        return np.full(n, median_ms / 1e3)
+        return np.zeros(0)  # a constant: the Report adds the median, no array per request
     sigma = np.log(p99_ms / median_ms) / 2.3263478740408408  # z(0.99)
     return rng.lognormal(np.log(median_ms / 1e3), sigma, n)
 
@@ -151,7 +160,8 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     )
     arrivals = generate_arrivals(s.workload, arr_rng, s.resolve_path)
     n = arrivals.size
-    mult = draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers)
+    mult = (np.ones(1) if s.model.variability is Variability.DETERMINISTIC else
+            draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers))
     exec_ns = exec_table_ns(service, policy.max_batch_size)
     check_time_range(arrivals, exec_ns, mult, policy)
     records = simulate_policy(

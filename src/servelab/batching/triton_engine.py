@@ -59,7 +59,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from servelab.batching.engine import REJECTED, TIMED_OUT, heap_pop, heap_push, start_batch
+from servelab.batching.engine import (
+    REJECTED,
+    TIMED_OUT,
+    heap_pop,
+    heap_push,
+    start_batch,
+)
 
 _NEVER = np.int64(1) << np.int64(62)
 IDLE_WAIT_NS = 500_000_000  # default_wait_microseconds = 500 * 1000
@@ -132,6 +138,7 @@ def run_batcher_triton(
     num_instances: int,
     max_queue_size: int,
     timeout_ns: int,
+    batch_cap: int,
 ) -> tuple[np.ndarray, ...]:
     """Run Triton's batcher thread over sorted arrivals; same inputs and outputs as
     ``engine.run_batcher`` (see there)."""
@@ -145,10 +152,10 @@ def run_batcher_triton(
     start = np.full(n, -1, np.int64)
     end = np.full(n, -1, np.int64)
     batch_of = np.full(n, -1, np.int64)
-    b_size = np.zeros(n, np.int64)
-    b_start = np.zeros(n, np.int64)
-    b_end = np.zeros(n, np.int64)
-    b_inst = np.zeros(n, np.int64)
+    b_size = np.zeros(batch_cap, np.int64)
+    b_start = np.zeros(batch_cap, np.int64)
+    b_end = np.zeros(batch_cap, np.int64)
+    b_inst = np.zeros(batch_cap, np.int64)
     busy_t = np.zeros(num_instances, np.int64)
     busy_i = np.zeros(num_instances, np.int64)
     n_busy = 0
@@ -232,6 +239,9 @@ def run_batcher_triton(
                 rq_count -= 1
                 inst = heap_pop(idle_k, idle_i, n_idle)
                 n_idle -= 1
+                if nb == batch_cap:  # out of room: the caller runs again with more
+                    return (status, start, end, batch_of, b_size[:0], b_start[:0], b_end[:0],
+                            b_inst[:0])
                 done = start_batch(t, members, s0, size, nb, inst, exec_ns, multiplier, status,
                                    start, end, batch_of, b_size, b_start, b_end, b_inst)
                 heap_push(busy_t, busy_i, n_busy, done, inst)
