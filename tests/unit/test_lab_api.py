@@ -28,7 +28,9 @@ def test_update_is_the_api_report(client):
     assert r.status_code == 200
     d = r.json()
     seed = load_scenario("seed")
+    lo, hi = d["simulate"]["latency"].pop("p99_interval_ms")  # the lab adds the p99's CI
     assert d["simulate"] == run_simulate(seed).to_dict()
+    assert lo <= d["simulate"]["latency"]["p99_ms"] <= hi
     assert d["plan"]["num_gpus"] == run_plan(seed).plan.num_gpus
     assert d["kv"]["kv"]["bytes_per_token"] == 327_680
     assert d["toml"].startswith('name = "seed"')
@@ -173,3 +175,28 @@ def test_errors_name_the_scenario_key_not_a_cli_flag(client):
         msg = r.json()["error"]
         assert msg.startswith(key), msg
         assert "--" not in msg, msg
+
+
+def test_a_preview_grows_until_its_p99_is_precise(client):
+    """A preview runs 20,000 requests, or 80,000 when the p99's 95% interval is wider than
+    2% of it at 20,000; never more than the full run asks for."""
+    from servelab.lab.server import PREVIEW_P99_PRECISION, PREVIEW_STEPS
+
+    def preview(state):  # type: ignore[no-untyped-def]
+        d = client.post("/api/update", json={"state": state, "preview": True}).json()
+        lat = d["simulate"]["latency"]
+        lo, hi = lat["p99_interval_ms"]
+        return d["simulate"]["requests"]["arrivals"], (hi - lo) / 2 / lat["p99_ms"]
+
+    n, width = preview(default_state())
+    assert n in PREVIEW_STEPS
+    if n == PREVIEW_STEPS[0]:
+        assert width <= PREVIEW_P99_PRECISION
+    # exponential service times at a third busy: 20,000 requests cannot pin its p99
+    noisy = {**default_state(), "workload.qps": 9000.0, "model.variability": "exponential"}
+    n2, _ = preview(noisy)
+    assert n2 == PREVIEW_STEPS[1]
+    small = {**default_state(), "workload.num_requests": 30_000, "workload.qps": 9000.0,
+             "model.variability": "exponential"}
+    n3, _ = preview(small)
+    assert n3 <= 30_000

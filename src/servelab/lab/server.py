@@ -7,6 +7,7 @@ Nothing is fetched from outside: plotly.js is served from the installed
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -14,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,7 +25,10 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
-from servelab.api import run_plan, run_simulate, run_sweep
+from servelab.api import run_plan, run_sweep
+from servelab.batching.analytic import estimate
+from servelab.batching.engine import SERVED
+from servelab.batching.simulate import Simulation, simulate
 from servelab.catalog import gpu_names
 from servelab.errors import InputError, ServelabError, cut, invalid
 from servelab.files import parse_toml
@@ -35,7 +40,7 @@ from servelab.lab.llm_lab import run as run_llm
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec
-from servelab.report import jsonable
+from servelab.report import build_report, jsonable
 from servelab.scenario import (
     MAX_QPS,
     MAX_SPAN_S,
@@ -63,7 +68,12 @@ PAGING_MAX_LEN = 131_072
 # interactive update simulates at most this many requests (the page says when it caps),
 # the planner searches at most this many GPUs, and a request body is at most this large.
 LAB_MAX_REQUESTS = 200_000
-PREVIEW_REQUESTS = 20_000
+# A preview starts at 20,000 requests and grows (x4, up to the full run's size) until the
+# p99's 95% interval is within PREVIEW_P99_PRECISION of it: enough for a stable p99 at the
+# current load, no more.
+PREVIEW_STEPS = (20_000, 80_000)
+PREVIEW_REQUESTS = PREVIEW_STEPS[0]
+PREVIEW_P99_PRECISION = 0.02
 LAB_MAX_GPUS = 4_096
 LAB_MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -97,13 +107,14 @@ class LabConfig:
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
 
-def _capped(s: Scenario, preview: bool = False) -> tuple[Scenario, tuple[str, ...]]:
-    """The scenario within the lab's per-call limits, and a note for each cap applied."""
+def _capped(s: Scenario, preview: int = 0) -> tuple[Scenario, tuple[str, ...]]:
+    """The scenario within the lab's per-call limits, and a note for each cap applied;
+    `preview` > 0: at most that many requests (a run while a slider moves)."""
     notes = []
-    if preview and s.workload.num_requests > PREVIEW_REQUESTS:
-        notes.append(f"preview while the slider moves: {PREVIEW_REQUESTS:,} of "
+    if preview and s.workload.num_requests > preview:
+        notes.append(f"preview while the slider moves: {preview:,} of "
                      f"{s.workload.num_requests:,} requests; the full run follows on release")
-        s = replace(s, workload=replace(s.workload, num_requests=PREVIEW_REQUESTS))
+        s = replace(s, workload=replace(s.workload, num_requests=preview))
     if s.workload.num_requests > LAB_MAX_REQUESTS:
         notes.append(f"the lab simulates at most {LAB_MAX_REQUESTS:,} requests per update "
                      f"(asked {s.workload.num_requests:,}); run `servelab simulate` for more")
@@ -146,18 +157,64 @@ def default_state() -> dict[str, Any]:
     return flatten(scenario_to_dict(load_scenario("seed")))
 
 
+def _precise(p99: float | None, interval: list[float | None]) -> bool:
+    """The p99's 95% interval is within PREVIEW_P99_PRECISION of it (or there is none)."""
+    lo, hi = interval
+    if p99 is None or lo is None or hi is None or p99 <= 0:
+        return True
+    return (hi - lo) / 2 <= PREVIEW_P99_PRECISION * p99
+
+
+BATCHES = 10  # batch means: the run cut into this many consecutive blocks
+T_975_9 = 2.262  # Student's t, 97.5th percentile, 9 degrees of freedom
+
+
+def _p99_interval_ms(sim: Simulation) -> list[float | None]:
+    """A 95% interval for the end-to-end p99 by batch means: the served requests in
+    arrival order cut into 10 consecutive blocks, each block's p99, and the p99 +- t x
+    their standard deviation / sqrt(10). Blocks, not single requests, are taken as
+    independent, so queueing's correlation between neighbours widens the interval as
+    it should."""
+    r = sim.records
+    served = r.status == SERVED
+    n = int(served.sum())
+    if n < 100 * BATCHES:
+        return [None, None]
+    e2e = (r.end_ns[served] - r.arrival_ns[served]) / 1e6
+    lat = sim.scenario.latency
+    for part, values in (("feature_fetch", sim.fetch_s), ("network", sim.network_s)):
+        if lat.is_constant(part):
+            e2e += getattr(lat, f"{part}_ms")
+        else:
+            e2e += values[served] * 1e3
+    m = n // BATCHES
+    blocks = np.percentile(e2e[:m * BATCHES].reshape(BATCHES, m), 99, axis=1)
+    half = T_975_9 * float(blocks.std(ddof=1)) / math.sqrt(BATCHES)
+    p99 = float(np.percentile(e2e, 99))
+    return [p99 - half, p99 + half]
+
+
 def _batching_part(s: Scenario) -> Scenario:
     """The scenario without its LLM pool: what the simulator and the planner read, so a
     KV-cache move finds their answers cached and only the closed-form KV figures run."""
     return replace(s, llm=None)
 
 
+def _simulate_with_interval(s: Scenario) -> dict[str, Any]:
+    """`run_simulate`'s Report, with the p99's 95% interval added to its latency."""
+    sim = simulate(s)
+    out = build_report(sim, closed_form=estimate(s, sim.service, s.hardware.num_gpus)
+                       ).to_dict()
+    out["latency"]["p99_interval_ms"] = _p99_interval_ms(sim)
+    return out
+
+
 @lru_cache(maxsize=128)
 def _sim_plan(s: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
-    sim = _pool.submit(run_simulate, s)
+    sim = _pool.submit(_simulate_with_interval, s)
     planned = _pool.submit(run_plan, s)
     plan_d = planned.result().to_dict()  # to_dict: NaN becomes null
-    return sim.result().to_dict(), {
+    return sim.result(), {
         "num_gpus": plan_d["plan"]["num_gpus"],
         "cost_per_million_usd": plan_d["plan"]["cost_per_million_usd"],
         "meets_slo": plan_d["plan"]["meets_slo"],
@@ -372,8 +429,13 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
 
     @app.post("/api/update")
     def update(body: StateIn) -> Response:
-        s, caps = _capped(scenario(body.state), body.preview)
-        out = _update(s, caps)
+        full = scenario(body.state)
+        for n in PREVIEW_STEPS if body.preview else (0,):
+            s, caps = _capped(full, n)
+            out = _update(s, caps)
+            lat = out["simulate"]["latency"]
+            if not body.preview or _precise(lat["p99_ms"], lat["p99_interval_ms"]):
+                break
         return json_response({**out, "preview": body.preview and any(
             c.startswith("preview") for c in caps)})
 

@@ -82,6 +82,7 @@ function fmt(v, kind) {
     case "ms": return Number(v).toFixed(2) + " ms";
     case "usd": return "$" + Number(v).toFixed(3);
     case "bytes": return bytes(v);
+    case "range": return Array.isArray(v) && v[0] != null && v[1] != null ? `${Number(v[0]).toFixed(2)}–${Number(v[1]).toFixed(2)} ms` : "–";
     default: return String(v);
   }
 }
