@@ -336,10 +336,17 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
     path = params.get("step_profile")
     s = _load({**params, "num_gpus": params["tp"], "context": None,
                "step_profile": None if path is None else str(path)}, _LLM_KEYS)
-    if s.llm is None:
-        s = replace(s, llm=LlmPool())
-    assert s.llm is not None
-    return s, s.llm, pool_spec(s)
+    llm = s.llm if s.llm is not None else LlmPool()  # a scenario without [llm]: defaults
+    s = replace(s, llm=llm)
+    return s, llm, pool_spec(s)
+
+
+def _serving_options(s: Scenario, llm: LlmPool) -> dict[str, Any]:
+    """The scheduler's switches and the step model, as `serve_llm` and `plan_llm` take them."""
+    return {"enable_chunked_prefill": llm.enable_chunked_prefill,
+            "enable_prefix_caching": llm.enable_prefix_caching,
+            "prefix_tokens": llm.prefix_tokens, "prefix_hit_share": llm.prefix_hit_share,
+            "step_profile": _step_profile(s, llm)}
 
 
 @llm_app.command("simulate")
@@ -383,12 +390,9 @@ def llm_simulate(
 
     s, llm, spec = _llm_spec(dict(locals()))
     report = serve_llm(spec, _llm_workload(llm, seed), replicas=llm.replicas,
-                       enable_chunked_prefill=llm.enable_chunked_prefill,
-                       enable_prefix_caching=llm.enable_prefix_caching,
-                       prefix_tokens=llm.prefix_tokens, prefix_hit_share=llm.prefix_hit_share,
                        compute_efficiency=compute_efficiency,
                        memory_efficiency=memory_efficiency, overhead_ms=overhead_ms,
-                       step_profile=_step_profile(s, llm))
+                       **_serving_options(s, llm))
     d = report.to_dict()
     if as_json:
         _emit_json(d)
@@ -444,10 +448,7 @@ def llm_plan(
     ttft_p99_ms, tpot_p99_ms = llm.ttft_p99_slo_ms, llm.tpot_p99_slo_ms
     result = plan_llm(spec, _llm_workload(llm, seed), ttft_p99_ms=ttft_p99_ms,
                       tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas,
-                      enable_chunked_prefill=llm.enable_chunked_prefill,
-                      enable_prefix_caching=llm.enable_prefix_caching,
-                      prefix_tokens=llm.prefix_tokens, prefix_hit_share=llm.prefix_hit_share,
-                      step_profile=_step_profile(s, llm))
+                      **_serving_options(s, llm))
     d = result.to_dict()
     if as_json:
         _emit_json(d)

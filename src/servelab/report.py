@@ -194,6 +194,22 @@ def _verdict(ok: bool, p99_ms: float, busy: float, dropped: int, slo: float, cei
     return "misses the SLO: " + "; ".join(why)
 
 
+def variable_latency_s(sim: Simulation) -> np.ndarray:
+    """Each served request's end-to-end seconds without the latency parts that are
+    constant (completion - arrival, plus each component that varies): a constant shifts
+    every percentile alike, so it is added to the statistics, not to each request."""
+    r = sim.records
+    served = r.served
+    every = bool(served.all())
+    e2e: np.ndarray = ((r.end_ns - r.arrival_ns) if every
+                       else (r.end_ns[served] - r.arrival_ns[served])) / 1e9
+    lat = sim.scenario.latency
+    for part, values in (("feature_fetch", sim.fetch_s), ("network", sim.network_s)):
+        if not lat.is_constant(part):
+            e2e += values if every else values[served]
+    return e2e
+
+
 def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
                  search: tuple[SearchStep, ...] = ()) -> Report:
     """All metrics of one simulation, and the plan figures at its GPU count."""
@@ -258,35 +274,23 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
     lat = s.latency
     fetch_const = lat.is_constant("feature_fetch")
     net_const = lat.is_constant("network")
-    queue_ns = part(r.start_ns, r.arrival_ns)
-    n_served = queue_ns.size
-    queue_stat = Stat.of_ns(queue_ns)
-    mean_queue_ms = queue_stat.mean_ms
-    del queue_ns
+    n_served = counts["served"]
+    queue_stat = Stat.of_ns(part(r.start_ns, r.arrival_ns))
     gpu_stat = Stat.of_ns(part(r.end_ns, r.start_ns))
-    fetch_s = sim.fetch_s if fetch_const or all_served else sim.fetch_s[served]
-    net_s = sim.network_s if net_const or all_served else sim.network_s[served]
     fetch_stat = (Stat.constant(lat.feature_fetch_ms) if fetch_const or not n_served
-                  else Stat.of(fetch_s))
+                  else Stat.of(sim.fetch_s if all_served else sim.fetch_s[served]))
     net_stat = (Stat.constant(lat.network_ms) if net_const or not n_served
-                else Stat.of(net_s))
-    if fetch_const and net_const:  # queue + GPU is completion - arrival, kept in int64
-        e2e = Stat.of_ns(part(r.end_ns, r.arrival_ns))
-    else:
-        e2e_s = part(r.end_ns, r.arrival_ns) / 1e9
-        if not fetch_const:
-            e2e_s += fetch_s
-        if not net_const:
-            e2e_s += net_s
-        e2e = Stat.of(e2e_s)
-        del e2e_s
+                else Stat.of(sim.network_s if all_served else sim.network_s[served]))
+    # queue + GPU is completion - arrival, kept in int64 when nothing else varies
+    e2e = (Stat.of_ns(part(r.end_ns, r.arrival_ns)) if fetch_const and net_const
+           else Stat.of(variable_latency_s(sim)))
     if fetch_const or net_const:  # constants shift every percentile by the same amount
         shift = (lat.feature_fetch_ms if fetch_const else 0.0) + (
             lat.network_ms if net_const else 0.0)
         e2e = Stat(*(x + shift for x in (e2e.mean_ms, e2e.p50_ms, e2e.p90_ms, e2e.p95_ms,
                                           e2e.p99_ms)))
     latency = LatencyStats(
-        mean_queue_ms=mean_queue_ms,
+        mean_queue_ms=queue_stat.mean_ms,
         mean_ms=e2e.mean_ms, p50_ms=e2e.p50_ms, p90_ms=e2e.p90_ms, p95_ms=e2e.p95_ms,
         p99_ms=e2e.p99_ms,
         components={

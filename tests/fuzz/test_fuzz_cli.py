@@ -210,7 +210,9 @@ SCENARIO_KEYS = {
               "cv", "flops_per_row", "efficiency", "precision"],
     "latency": ["feature_fetch_ms", "feature_fetch_p99_ms", "network_ms", "p99_slo_ms"],
     "plan": ["max_busy_fraction", "max_gpus"],
-    "llm": ["model", "config", "kv_dtype", "context_tokens", "tp", "num_gpus", "block_size"],
+    "llm": ["model", "config", "kv_dtype", "context_tokens", "tp", "num_gpus", "block_size",
+            "request_rate", "num_requests", "prompt_tokens_p99", "enable_chunked_prefill",
+            "prefix_hit_share", "step_profile_csv", "tpot_p99_slo_ms"],
     "nope": ["x"],
 }
 toml_scalars = st.one_of(

@@ -293,7 +293,7 @@ KEYS = ["workload.qps", "workload.arrival", "workload.cv", "workload.trace_csv",
         "model.latency_ms", "model.cv", "model.variability", "latency.network_ms",
         "latency.network_p99_ms", "llm.model", "llm.config", "llm.context_tokens",
         "llm.num_gpus", "llm.tp", "llm.kv_dtype", "plan.max_gpus", "name", "bogus.key",
-        "workload"]
+        "workload", "llm.request_rate", "llm.enable_prefix_caching", "llm.step_profile_csv"]
 
 
 @settings(max_examples=int(os.environ.get("SERVELAB_FUZZ_EXAMPLES", "80")), deadline=None,
@@ -310,6 +310,24 @@ def test_generated_bodies(client, over, route):
     assert r.status_code in (200, 400), (r.status_code, over, r.text[:300])
     if r.status_code == 400:
         assert_json_error(r, 400)
+
+
+@settings(max_examples=int(os.environ.get("SERVELAB_FUZZ_EXAMPLES", "80")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(extra=st.fixed_dictionaries({}, optional={
+    "requests": json_values, "max_len": json_values, "prefix_tokens": json_values,
+    "preview": json_values}))
+def test_generated_paging_settings_and_preview(client, extra):
+    """The replay's settings and the preview flag, whatever a page sends: an answer or one
+    JSON line, in bounded time (the lab caps the replay at 5,000 requests)."""
+    s = state(**{"llm.context_tokens": 512})
+    for route in ("/api/paging", "/api/update"):
+        t0 = time.perf_counter()
+        r = client.post(route, json={"state": s, **extra})
+        assert time.perf_counter() - t0 < 30
+        assert r.status_code in (200, 400), (r.status_code, extra, r.text[:300])
+        if r.status_code == 400:
+            assert_json_error(r, 400)
 
 
 @settings(max_examples=int(os.environ.get("SERVELAB_FUZZ_EXAMPLES", "80")), deadline=None,

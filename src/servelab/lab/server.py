@@ -27,7 +27,6 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from servelab.api import run_plan, run_sweep
 from servelab.batching.analytic import estimate
-from servelab.batching.engine import SERVED
 from servelab.batching.simulate import Simulation, simulate
 from servelab.catalog import gpu_names
 from servelab.errors import InputError, ServelabError, cut, invalid
@@ -40,7 +39,7 @@ from servelab.lab.llm_lab import run as run_llm
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec
-from servelab.report import build_report, jsonable
+from servelab.report import build_report, jsonable, variable_latency_s
 from servelab.scenario import (
     MAX_QPS,
     MAX_SPAN_S,
@@ -72,7 +71,6 @@ LAB_MAX_REQUESTS = 200_000
 # p99's 95% interval is within PREVIEW_P99_PRECISION of it: enough for a stable p99 at the
 # current load, no more.
 PREVIEW_STEPS = (20_000, 80_000)
-PREVIEW_REQUESTS = PREVIEW_STEPS[0]
 PREVIEW_P99_PRECISION = 0.02
 LAB_MAX_GPUS = 4_096
 LAB_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -169,28 +167,18 @@ BATCHES = 10  # batch means: the run cut into this many consecutive blocks
 T_975_9 = 2.262  # Student's t, 97.5th percentile, 9 degrees of freedom
 
 
-def _p99_interval_ms(sim: Simulation) -> list[float | None]:
+def _p99_interval_ms(sim: Simulation, p99: float | None) -> list[float | None]:
     """A 95% interval for the end-to-end p99 by batch means: the served requests in
     arrival order cut into 10 consecutive blocks, each block's p99, and the p99 +- t x
     their standard deviation / sqrt(10). Blocks, not single requests, are taken as
     independent, so queueing's correlation between neighbours widens the interval as
-    it should."""
-    r = sim.records
-    served = r.status == SERVED
-    n = int(served.sum())
-    if n < 100 * BATCHES:
+    it should. Constant latency parts shift every block alike and are left out."""
+    e2e = variable_latency_s(sim)
+    if p99 is None or e2e.size < 100 * BATCHES:
         return [None, None]
-    e2e = (r.end_ns[served] - r.arrival_ns[served]) / 1e6
-    lat = sim.scenario.latency
-    for part, values in (("feature_fetch", sim.fetch_s), ("network", sim.network_s)):
-        if lat.is_constant(part):
-            e2e += getattr(lat, f"{part}_ms")
-        else:
-            e2e += values[served] * 1e3
-    m = n // BATCHES
-    blocks = np.percentile(e2e[:m * BATCHES].reshape(BATCHES, m), 99, axis=1)
+    m = e2e.size // BATCHES
+    blocks = np.percentile(e2e[:m * BATCHES].reshape(BATCHES, m), 99, axis=1) * 1e3
     half = T_975_9 * float(blocks.std(ddof=1)) / math.sqrt(BATCHES)
-    p99 = float(np.percentile(e2e, 99))
     return [p99 - half, p99 + half]
 
 
@@ -205,7 +193,7 @@ def _simulate_with_interval(s: Scenario) -> dict[str, Any]:
     sim = simulate(s)
     out = build_report(sim, closed_form=estimate(s, sim.service, s.hardware.num_gpus)
                        ).to_dict()
-    out["latency"]["p99_interval_ms"] = _p99_interval_ms(sim)
+    out["latency"]["p99_interval_ms"] = _p99_interval_ms(sim, out["latency"]["p99_ms"])
     return out
 
 

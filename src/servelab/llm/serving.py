@@ -184,8 +184,7 @@ class ProfileStepModel:
             if (c >= 0).all():
                 coef[keep] = c
                 break
-            keep = [k for k, v in zip(keep, c, strict=True) if v >= 0] if (c >= 0).any() \
-                else []
+            keep = [k for k, v in zip(keep, c, strict=True) if v >= 0]
         err = np.abs(x @ coef - y) / np.maximum(y, 1e-9)
         return cls(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]),
                    rows=int(y.size),

@@ -34,10 +34,11 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _absent(features: Sequence[str], row: Any) -> OnlineValue:
-    if row is None:
+def _absent(features: Sequence[str], event_ts: int | None) -> OnlineValue:
+    """A key never written (no event time), or written too long ago (expired)."""
+    if event_ts is None:
         return OnlineValue(dict.fromkeys(features), Status.MISSING, None)
-    return OnlineValue(dict.fromkeys(features), Status.EXPIRED, row[1])
+    return OnlineValue(dict.fromkeys(features), Status.EXPIRED, event_ts)
 
 
 class SQLiteStore:
@@ -124,12 +125,12 @@ class SQLiteStore:
         if plain:  # the hot path: every value comes back typed already
             return [OnlineValue(dict(zip(features, row[2:], strict=False)), present, row[1])
                     if (row := get(k)) is not None and row[1] >= oldest
-                    else _absent(features, row) for k in stored]
+                    else _absent(features, row and row[1]) for k in stored]
         return [OnlineValue({f: None if v is None else c(v)
                              for f, c, v in zip(features, convs, row[2:], strict=True)},
                             present, row[1])
                 if (row := get(k)) is not None and row[1] >= oldest
-                else _absent(features, row) for k in stored]
+                else _absent(features, row and row[1]) for k in stored]
 
     def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: Sequence[str],
                      now_us: int) -> tuple[list[list[Any]], list[str]]:
@@ -155,7 +156,7 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise self._read_failed(view, exc) from exc
         if row is None or row[0] < oldest_valid_us(view, now_us):
-            return [_absent(features, None if row is None else (None, row[0]))]
+            return [_absent(features, row and row[0])]
         vals = row[1:] if plain else [None if v is None else c(v)
                                       for c, v in zip(convs, row[1:], strict=True)]
         return [OnlineValue(dict(zip(features, vals, strict=True)), Status.PRESENT, row[0])]
