@@ -12,6 +12,7 @@ from servelab.batching.service import ServiceModel, build_service_model
 from servelab.batching.simulate import simulate
 from servelab.report import Report, SearchStep, build_report, meets
 from servelab.scenario import Scenario
+from servelab.search import fewest_meeting
 
 
 def _with_gpus(s: Scenario, n: int) -> Scenario:
@@ -61,17 +62,8 @@ def plan(s: Scenario) -> Report:
         trial(floor)
         best = floor
     else:
-        lo, hi = floor - 1, floor  # lo fails (or is 0), hi is the candidate
-        while not trial(hi) and hi < cap:
-            lo, hi = hi, min(cap, hi * 2)
-        if steps[hi].meets:
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if trial(mid):
-                    hi = mid
-                else:
-                    lo = mid
-        best = hi
+        found = fewest_meeting(trial, floor, cap)
+        best = cap if found is None else found  # none meets: the cap's report says so
     chosen = reports[best]
     final = replace(chosen, plan=replace(chosen.plan, closed_form=closed,
                                          search=tuple(steps[k] for k in sorted(steps))))

@@ -58,6 +58,7 @@ from servelab.llm.kv import (
     weights_bytes,
 )
 from servelab.report import jsonable
+from servelab.search import fewest_meeting
 
 MAX_REQUESTS = 1_000_000
 MAX_TOKENS_PER_REQUEST = 10_000_000
@@ -699,17 +700,8 @@ def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99
                            "cost_per_million_output_usd": rep.cost_per_million_output_usd})
         return verdict[r]
 
-    hi = 1
-    while not meets(hi):
-        if hi >= max_replicas:
-            return LlmPlan(None, None, ttft_p99_ms, tpot_p99_ms, None, search)
-        hi = min(hi * 2, max_replicas)
-    lo = hi // 2  # fails (or 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if meets(mid):
-            hi = mid
-        else:
-            lo = mid
-    return LlmPlan(hi, hi * spec.tp, ttft_p99_ms, tpot_p99_ms, tried[hi],
+    best = fewest_meeting(meets, 1, max_replicas)
+    if best is None:
+        return LlmPlan(None, None, ttft_p99_ms, tpot_p99_ms, None, search)
+    return LlmPlan(best, best * spec.tp, ttft_p99_ms, tpot_p99_ms, tried[best],
                    sorted(search, key=lambda s: s["replicas"]))
