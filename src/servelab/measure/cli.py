@@ -327,7 +327,7 @@ def validate(
         for k, rate in enumerate(grid):
             n = max(200, min(int(rate * duration), 2_000_000))
             say(f"validate: {rate:g}/s, {n:,} requests...")
-            rows.append(measure_and_predict(target, meta, fit, rate, n, seed + k))
+            rows.append(measure_and_predict(target, meta, sp, prof, rate, n, seed + k))
     ok, misses = verdict(rows)
     report: dict[str, Any] = {
         "model": name, "url": target.base, "policy_source": sp.source,
@@ -356,6 +356,7 @@ def _print_validation(report: dict[str, Any]) -> None:
     t.add_column("rate/s", justify="right")
     for _, label, _ in figures:
         t.add_column(label, justify="right")
+    t.add_column("profile x", justify="right")  # the drift the probe saw before the rate
     for r in report["rates"]:
         cells = [f"{r['rate_per_s']:g}"]
         for key, _, fmt in figures:
@@ -367,6 +368,7 @@ def _print_validation(report: dict[str, Any]) -> None:
             mark = {True: "", False: " ✗", None: ""}[c["ok"]]
             cells.append(f"{fmt.format(c['predicted'])} / {fmt.format(c['measured'])}"
                          f"{err}{mark}")
+        cells.append(f"{r.get('service_scale', 1.0):.2f}")
         t.add_row(*cells)
     stdout.print(t)
     tol = ", ".join(f"{k} ±{v:.0%}" for k, v in report["tolerance"].items())

@@ -71,6 +71,8 @@ OUTSIDE_RATE = 100.0  # requests/s while measuring the time outside the server
 HOST_BUSY_NOTE = 0.5  # a machine busier than this is noted: the client competes
 SATURATION_SECONDS = 2.0  # of load per step while looking for saturation
 MIN_BATCHES = 5  # executions of one size before its mean is a profile point
+PROBE_REQUESTS = 80  # one-row requests, one client, per probe (about 0.3-0.5 s)
+SCALE_RANGE = (0.5, 2.0)  # a probe outside this ratio is a broken server, not drift
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,7 @@ class Profile:
     outside_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     low_load_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     server_ms: float = 0.0  # mean queue + compute per request at low load
+    probe: Probe | None = None  # one-row batches, one client, just after profiling
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +195,8 @@ class Profile:
                            "p99": float(np.percentile(o, 99)) if o.size else None,
                            "mean": float(o.mean()) if o.size else None},
             "server_ms_at_low_load": self.server_ms,
+            "probe_ms": None if self.probe is None else {
+                "exec": self.probe.exec_ms, "median": self.probe.median_ms},
         }
 
 
@@ -254,9 +259,9 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
     # Outside: open-loop Poisson at a low rate, as the measured rates will be sent (a
     # closed loop keeps every hop hot and finds less time outside than an open one).
     reqs = [http_request(t.host, t.port, f"/v2/models/{t.model}/infer", b) for b in one]
+    offsets = poisson_offsets(OUTSIDE_RATE, outside_n, seed)
     s0 = server_stats(t)
-    res = asyncio.run(run_open_loop(t.host, t.port, reqs,
-                                    poisson_offsets(OUTSIDE_RATE, outside_n, seed)))
+    res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets))
     s1 = server_stats(t)
     lat = res.latency_ms
     if s0 is None or s1 is None or lat.size == 0:
@@ -267,10 +272,64 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
                  ) / ok / 1e6
     prof.server_ms = server
     prof.low_load_ms = lat
-    prof.outside_ms = np.maximum(lat - server, 0.001)[:MAX_OUTSIDE_SAMPLES]
+    inside = (simulated_server_ms(fit_scenario(t, sp, prof, outside=False), offsets)
+              if lat.size == offsets.size else np.full(lat.size, server))
+    prof.outside_ms = outside_samples(lat, inside, server)[:MAX_OUTSIDE_SAMPLES]
     say(f"profile: outside the server p50 {np.percentile(prof.outside_ms, 50):.3f} ms, "
-        f"p99 {np.percentile(prof.outside_ms, 99):.3f} ms ({lat.size} requests)")
+        f"mean {prof.outside_ms.mean():.3f} ms, p99 {np.percentile(prof.outside_ms, 99):.3f}"
+        f" ms ({lat.size} requests)")
+    prof.probe = probe(t, one)
     return prof
+
+
+def outside_samples(latency_ms: np.ndarray, inside_ms: np.ndarray, server_mean_ms: float
+                    ) -> np.ndarray:
+    """Time outside the server per request: measured end-to-end less the simulated time
+    inside (paired by request), shifted so the mean is the measured end-to-end mean less
+    the server's measured mean time; never below zero (a negative residual is the
+    model's error on that request, not time outside). The shift is applied by scaling
+    when clipping would otherwise raise the mean above the measured figure."""
+    target = max(float(latency_ms.mean()) - server_mean_ms, 0.0)
+    resid = latency_ms - inside_ms
+    out: np.ndarray = np.maximum(resid - (resid.mean() - target), 0.0)
+    if out.mean() > 0:  # clipping raised the mean: scale it back to the measured one
+        out *= target / out.mean()
+    floored: np.ndarray = np.maximum(out, 0.001)
+    return floored
+
+
+def simulated_server_ms(fit: Scenario, offsets_s: np.ndarray) -> np.ndarray:
+    """Each request's simulated queue + compute (ms) on the given arrival times."""
+    from servelab.batching.simulate import simulate
+
+    sim = simulate(fit.with_overrides({"workload.arrival": "trace",
+                                       "workload.arrivals_s": [float(x) for x in offsets_s],
+                                       "workload.num_requests": int(offsets_s.size)}))
+    r = sim.records
+    out: np.ndarray = (r.end_ns - r.arrival_ns) / 1e6
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One client sending one-row requests (a batch of one each time)."""
+
+    exec_ms: float  # mean time per execution, from the server's statistics
+    median_ms: float  # the client's median end-to-end time: robust to a rare stall
+
+
+def probe(t: Target, one: list[bytes], n: int = PROBE_REQUESTS) -> Probe | None:
+    """The server's time for a one-row batch now; None where it has no statistics."""
+    before = batch_stats(t)
+    res = _closed(t, one, 1, n)
+    after = batch_stats(t)
+    lat = res.latency_ms
+    if before is None or after is None or lat.size == 0:
+        return None
+    d = _delta(before, after)
+    if 1 not in d or d[1][0] < MIN_BATCHES:
+        return None
+    return Probe(d[1][1] / d[1][0] / 1e6, float(np.median(lat)))
 
 
 def fitted_rows_ms(prof: Profile) -> dict[int, float]:
@@ -288,10 +347,13 @@ def fitted_rows_ms(prof: Profile) -> dict[int, float]:
     return out
 
 
-def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile) -> Scenario:
-    """The scenario the simulator predicts with: measured profile, policy, outside time."""
+def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = True,
+                 scale: float = 1.0) -> Scenario:
+    """The scenario the simulator predicts with: measured profile (times `scale`), policy,
+    outside time (none with `outside=False`: the server alone)."""
     p = sp.policy
-    points = [[b, round(max(ms, 1e-6), 6)] for b, ms in sorted(fitted_rows_ms(prof).items())]
+    points = [[b, round(max(ms * scale, 1e-6), 6)]
+              for b, ms in sorted(fitted_rows_ms(prof).items())]
     raw: dict[str, Any] = {
         "name": f"validate-{t.model}",
         "description": (f"Fitted by servelab validate to {t.model} at {t.base}: profile, "
@@ -305,8 +367,9 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile) -> Scenario:
                      "instances_per_gpu": sp.instances},
         "hardware": {"num_gpus": 1},
         "model": {"kind": "profile", "name": f"{t.model}, measured", "points": points,
-                  "per_request_ms": round(prof.per_request_ms, 6)},
-        "latency": {"network_samples_ms": [round(float(x), 4) for x in prof.outside_ms],
+                  "per_request_ms": round(prof.per_request_ms * scale, 6)},
+        "latency": {"network_samples_ms": ([round(float(x), 4) for x in prof.outside_ms]
+                                           if outside and prof.outside_ms.size else [0.0]),
                     "feature_fetch_ms": 0.0, "p99_slo_ms": 100.0},
     }
     return scenario_from_dict(raw, base_dir=None)
@@ -360,6 +423,7 @@ def predict(fit: Scenario, offsets_s: np.ndarray, seed: int) -> dict[str, float]
     return {"mean_batch": r.batching.mean_batch_size, "p50_ms": r.latency.p50_ms,
             "p90_ms": r.latency.p90_ms, "p99_ms": r.latency.p99_ms,
             "mean_ms": r.latency.mean_ms, "queue_ms": r.latency.mean_queue_ms,
+            "compute_ms": r.latency.components["gpu"].mean_ms,
             "throughput_per_s": r.throughput.served_per_s,
             "dropped": r.requests.rejected + r.requests.timed_out}
 
@@ -369,6 +433,7 @@ def compare(measured: dict[str, Any], predicted: dict[str, float]) -> dict[str, 
     m = {"mean_batch": measured.get("mean_batch"), "p50_ms": measured["p50_ms"],
          "p90_ms": measured["p90_ms"], "p99_ms": measured["p99_ms"],
          "mean_ms": measured["mean_ms"], "queue_ms": measured.get("server_queue_ms"),
+         "compute_ms": measured.get("server_compute_ms"),
          "throughput_per_s": measured["achieved_per_s"]}
     out: dict[str, Any] = {}
     for k, meas in m.items():
@@ -381,15 +446,40 @@ def compare(measured: dict[str, Any], predicted: dict[str, float]) -> dict[str, 
     return out
 
 
-def measure_and_predict(t: Target, meta: dict[str, Any], fit: Scenario, rate: float,
-                        n: int, seed: int) -> dict[str, Any]:
-    """One rate: open-loop Poisson load, then the prediction on the same arrivals."""
+def drift_scale(prof: Profile, now: Probe | None) -> float:
+    """How much slower (>1) or faster the server's time per batch is now than when it
+    was profiled: the change in the probe's median end-to-end time (a median, since one
+    stall in 80 requests moves a mean by several percent), over the profile's time per
+    execution; 1 without probes."""
+    if prof.probe is None or now is None:
+        return 1.0
+    then = prof.probe
+    ratio = (then.exec_ms + now.median_ms - then.median_ms) / then.exec_ms
+    lo, hi = SCALE_RANGE
+    if not lo <= ratio <= hi:
+        raise StoreError(f"the server's time per batch moved {ratio:.2f}x between profiling "
+                         f"and measuring (a one-row request's median {then.median_ms:.3f} ms, "
+                         f"now {now.median_ms:.3f} ms; expected {lo} to {hi}x): its profile "
+                         "no longer describes it; fix: measure on a quieter machine")
+    return ratio
+
+
+def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
+                        rate: float, n: int, seed: int) -> dict[str, Any]:
+    """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals
+    with the profile scaled by the drift the probe saw."""
     bodies = random_bodies(meta, 256, seed)
+    one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     offsets = poisson_offsets(rate, n, seed)
+    now = probe(t, one) if prof.probe is not None else None
     measured = measure_rate(t, bodies, rate, n, seed, 256, offsets=offsets)
-    predicted = predict(fit, offsets, seed)
+    scale = drift_scale(prof, now)
+    predicted = predict(fit_scenario(t, sp, prof, scale=scale), offsets, seed)
     return {"rate_per_s": rate, "requests": n, "measured": measured,
-            "predicted": predicted, "compare": compare(measured, predicted)}
+            "predicted": predicted, "compare": compare(measured, predicted),
+            "service_scale": scale,
+            "probe_ms": None if now is None else {"exec": now.exec_ms,
+                                                  "median": now.median_ms}}
 
 
 def notes_for(rows: list[dict[str, Any]]) -> list[str]:
@@ -401,6 +491,11 @@ def notes_for(rows: list[dict[str, Any]]) -> list[str]:
         "does not grow with the rate in the simulator",
     ]
     for r in rows:
+        scale = r.get("service_scale", 1.0)
+        if abs(scale - 1.0) > 0.05:
+            notes.append(f"at {r['rate_per_s']:g}/s the server's time per batch was "
+                         f"{scale - 1:+.0%} against its profile (the probe just before the "
+                         "run); the prediction used the profile scaled by that")
         if r["measured"].get("behind_p99_ms", 0) > 1.0:
             notes.append(f"at {r['rate_per_s']:g}/s the load generator fell behind (p99 "
                          f"{r['measured']['behind_p99_ms']:.1f} ms late): the client, not "
