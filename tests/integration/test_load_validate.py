@@ -127,6 +127,10 @@ def test_validate_serve_demo_end_to_end(tmp_path):
         # simulator fitted wrongly (policy, profile, outside time) misses these by far.
         assert abs(c["mean_batch"]["error"]) < 0.25, c
         assert abs(c["p50_ms"]["error"]) < 0.25, c
+        # the diagnosis matches the run's own compute time per request, as it says
+        g = r["given_measured_compute"]
+        assert abs(g["compare"]["compute_ms"]["error"]) < 0.03, g
+        assert 0.5 <= r["probe_drift"] <= 2.0
 
 
 def test_load_replays_a_trace_and_sweeps_a_rate_range(tmp_path):

@@ -76,3 +76,7 @@ def test_validate_against_a_real_triton(tmp_path):
         assert abs(c["mean_batch"]["error"]) < 0.15, c["mean_batch"]
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
         assert abs(c["p50_ms"]["error"]) < 0.35, c["p50_ms"]
+        # the diagnosis matches the run's own compute time per request, as it says
+        g = r["given_measured_compute"]
+        assert abs(g["compare"]["compute_ms"]["error"]) < 0.03, g
+        assert 0.5 <= r["probe_drift"] <= 2.0

@@ -34,12 +34,13 @@ def test_outside_time_mean_is_the_measured_one_when_the_model_is_off():
     assert out.std() == pytest.approx(outside_true.std(), rel=0.15)
 
 
-def test_drift_scale_moves_the_profile_by_the_probes_median_change():
-    # Profiled: 4 ms an execution, 7 ms a request's median end to end. Now the median is
-    # 7.4 ms: the execution is taken to be 0.4 ms (10%) slower.
-    prof = Profile(probe=Probe(exec_ms=4.0, median_ms=7.0))
-    assert drift_scale(prof, Probe(exec_ms=9.0, median_ms=7.4)) == pytest.approx(1.1)
+def test_drift_scale_is_the_probe_now_over_the_profiles():
+    prof = Profile(probe=Probe((4.0, 4.1, 3.9, 4.0)))
+    # one group met a stall: the median ignores it
+    now = Probe((4.4, 4.4, 30.0, 4.4, 4.3, 4.5))
+    assert now.exec_ms == pytest.approx(4.4)
+    assert drift_scale(prof, now) == pytest.approx(1.1)
     assert drift_scale(prof, None) == 1.0
-    assert drift_scale(Profile(), Probe(4.0, 7.0)) == 1.0  # nothing to hold it to
+    assert drift_scale(Profile(), now) == 1.0  # nothing to hold it to
     with pytest.raises(StoreError, match=r"moved 3\.00x"):
-        drift_scale(prof, Probe(exec_ms=12.0, median_ms=15.0))
+        drift_scale(prof, Probe((12.0,)))

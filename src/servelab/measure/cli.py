@@ -356,7 +356,7 @@ def _print_validation(report: dict[str, Any]) -> None:
     t.add_column("rate/s", justify="right")
     for _, label, _ in figures:
         t.add_column(label, justify="right")
-    t.add_column("profile x", justify="right")  # the drift the probe saw before the rate
+    t.add_column("probe drift", justify="right")  # one-row batch now vs at profiling
     for r in report["rates"]:
         cells = [f"{r['rate_per_s']:g}"]
         for key, _, fmt in figures:
@@ -368,7 +368,7 @@ def _print_validation(report: dict[str, Any]) -> None:
             mark = {True: "", False: " ✗", None: ""}[c["ok"]]
             cells.append(f"{fmt.format(c['predicted'])} / {fmt.format(c['measured'])}"
                          f"{err}{mark}")
-        cells.append(f"{r.get('service_scale', 1.0):.2f}")
+        cells.append(f"{r.get('probe_drift', 1.0) - 1:+.0%}")
         t.add_row(*cells)
     stdout.print(t)
     tol = ", ".join(f"{k} ±{v:.0%}" for k, v in report["tolerance"].items())
