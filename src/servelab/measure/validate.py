@@ -497,12 +497,22 @@ def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
     meas = measured.get("server_compute_ms")
     if not meas or not predicted.get("compute_ms"):
         return None
+    # Compute per request grows with the scale (a slower batch also grows the batches),
+    # but not in proportion, so a fixed-point step overshoots: bisect on log(scale).
+    lo, hi = SCALE_RANGE[0] / 2, SCALE_RANGE[1] * 2
     k, pred = 1.0, predicted
-    for _ in range(3):  # the compute per request moves with the batch mix: iterate
-        k *= meas / pred["compute_ms"]
-        if not SCALE_RANGE[0] / 2 <= k <= SCALE_RANGE[1] * 2:
-            return None
+    for _ in range(16):
+        err = pred["compute_ms"] / meas - 1
+        if abs(err) < 0.01:
+            break
+        if err < 0:
+            lo = k
+        else:
+            hi = k
+        k = math.sqrt(lo * hi)
         pred = predict(fit_scenario(t, sp, prof, scale=k), offsets, seed)
+    else:
+        return None
     return {"profile_scale": k, "compare": compare(measured, pred)}
 
 
