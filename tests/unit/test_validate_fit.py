@@ -4,8 +4,13 @@ server, and the drift correction between profiling and measuring."""
 import numpy as np
 import pytest
 
-from servelab.errors import StoreError
-from servelab.measure.validate import Probe, Profile, drift_scale, outside_samples
+from servelab.measure.validate import (
+    Probe,
+    Profile,
+    drift_scale,
+    notes_for,
+    outside_samples,
+)
 
 
 def test_outside_time_pairs_each_request_with_its_own_time_inside():
@@ -42,5 +47,11 @@ def test_drift_scale_is_the_probe_now_over_the_profiles():
     assert drift_scale(prof, now) == pytest.approx(1.1)
     assert drift_scale(prof, None) == 1.0
     assert drift_scale(Profile(), now) == 1.0  # nothing to hold it to
-    with pytest.raises(StoreError, match=r"moved 3\.00x"):
-        drift_scale(prof, Probe((12.0,)))
+    assert drift_scale(prof, Probe((12.0,))) == pytest.approx(3.0)  # noted, not refused
+
+
+def test_a_large_drift_is_noted_in_words():
+    row = {"rate_per_s": 100.0, "probe_drift": 3.0, "measured": {}}
+    [note] = [n for n in notes_for([row]) if "100/s" in n]
+    assert "+200%" in note
+    assert "quieter machine" in note

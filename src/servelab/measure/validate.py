@@ -89,7 +89,7 @@ MIN_BATCHES = 5  # executions of one size before its mean is a profile point
 PROBE_REQUESTS = 80  # one-row requests, one client, per probe (about 0.3-0.5 s)
 PROBE_GROUPS = 8  # the probe's figure is the median of this many groups' means
 PROBE_SETTLE_S = 1.0  # pause before a probe, after a loaded run
-SCALE_RANGE = (0.5, 2.0)  # a probe outside this ratio is a broken server, not drift
+SCALE_RANGE = (0.25, 4.0)  # the diagnosis's search for the profile scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,17 +474,11 @@ def compare(measured: dict[str, Any], predicted: dict[str, float]) -> dict[str, 
 
 def drift_scale(prof: Profile, now: Probe | None) -> float:
     """How much slower (>1) or faster the server's time per batch is now than when it
-    was profiled: the probe now over the profile's probe; 1 without probes."""
+    was profiled: the probe now over the profile's probe; 1 without probes. Reported,
+    not applied (a closed-loop probe did not track the speed under open-loop load)."""
     if prof.probe is None or now is None:
         return 1.0
-    ratio = now.exec_ms / prof.probe.exec_ms
-    lo, hi = SCALE_RANGE
-    if not lo <= ratio <= hi:
-        raise StoreError(f"the server's time per batch moved {ratio:.2f}x between profiling "
-                         f"and measuring (a one-row batch took {prof.probe.exec_ms:.3f} ms, "
-                         f"now {now.exec_ms:.3f} ms; expected {lo} to {hi}x): its profile no "
-                         "longer describes it; fix: measure on a quieter machine")
-    return ratio
+    return now.exec_ms / prof.probe.exec_ms
 
 
 def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
@@ -499,7 +493,7 @@ def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
         return None
     # Compute per request grows with the scale (a slower batch also grows the batches),
     # but not in proportion, so a fixed-point step overshoots: bisect on log(scale).
-    lo, hi = SCALE_RANGE[0] / 2, SCALE_RANGE[1] * 2
+    lo, hi = SCALE_RANGE
     k, pred = 1.0, predicted
     for _ in range(16):
         err = pred["compute_ms"] / meas - 1
@@ -548,7 +542,9 @@ def notes_for(rows: list[dict[str, Any]]) -> list[str]:
         if abs(drift - 1.0) > 0.05:
             notes.append(f"at {r['rate_per_s']:g}/s a one-row batch took {drift - 1:+.0%} "
                          "against its time at profiling (the probe just before the run): "
-                         "the server's speed moved between profiling and measuring")
+                         "the server's speed moved between profiling and measuring"
+                         + ("; by this much the profile no longer describes the server: "
+                            "measure on a quieter machine" if not 0.5 <= drift <= 2 else ""))
         g = r.get("given_measured_compute")
         if g and abs(g["profile_scale"] - 1.0) > 0.05:
             c = g["compare"]
