@@ -211,12 +211,14 @@ from servelab.drift_cli import drift as drift_command  # noqa: E402
 from servelab.features.cli import app as features_app  # noqa: E402
 from servelab.gateway.cli import serve as serve_command  # noqa: E402
 from servelab.measure.cli import load as load_command  # noqa: E402
+from servelab.measure.cli import replay_trace as replay_trace_command  # noqa: E402
 from servelab.measure.cli import validate as validate_command  # noqa: E402
 
 app.add_typer(features_app, name="features")
 app.command("serve")(serve_command)
 app.command("load")(load_command)
 app.command("validate")(validate_command)
+app.command("replay-trace")(replay_trace_command)
 app.command("drift")(drift_command)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]

@@ -156,6 +156,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                  "--alert", "--fail-on"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out"],
+    ("replay-trace",): ["--max-batch-size", "--max-queue-delay-us", "--instances",
+                        "--preferred-batch-size", "--model"],
 }
 SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests", "3000"],
          ("sweep", "qps"): ["--num-requests", "2000"],
@@ -164,6 +166,8 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
          # port 9 on loopback: nothing listens, so a valid command line is refused at once
          ("load",): ["--url", "http://127.0.0.1:9", "--model", "m"],
          ("validate",): ["--url", "http://127.0.0.1:9", "--model", "m"],
+         # a trace that does not exist: the policy is checked before it is read
+         ("replay-trace",): ["/nonexistent-servelab-trace.json"],
          # sides that do not exist: the settings are checked before any file is read
          ("drift",): ["--reference", "/nonexistent-ref.parquet", "--current",
                       "/nonexistent-cur.parquet"],

@@ -378,3 +378,69 @@ def _print_validation(report: dict[str, Any]) -> None:
         stdout.print(f"  miss: {m}", highlight=False)
     for n in report["notes"]:
         stdout.print(f"  note: {n}", highlight=False)
+
+
+def replay_trace(
+    trace: Annotated[list[Path], typer.Argument(
+        help="A Triton trace: tritonserver --trace-config level=TIMESTAMPS --trace-config "
+             "rate=1 --trace-config triton,file=PATH, written while the load ran (or the "
+             "numbered files PATH.0, PATH.1 ... that log_frequency > 0 writes).")],
+    max_batch_size: Annotated[int, typer.Option(help="The model's max_batch_size.")],
+    max_queue_delay_us: Annotated[int, typer.Option(
+        help="The model's dynamic_batching max_queue_delay_microseconds.")],
+    instances: Annotated[int, typer.Option(help="Instances of the model (instance_group).")
+                         ] = 1,
+    preferred_batch_size: Annotated[str | None, typer.Option(
+        help="The model's preferred_batch_size, comma-separated.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="The model to replay, when the trace holds several.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
+                       ] = False,
+) -> None:
+    """Replay a real Triton's trace through the simulator's batcher: the trace's own
+    queue-entry times and measured execution times, each batch-closing rule beside what
+    Triton did (mean batch, queue, batches that left older requests behind)."""
+    from servelab.measure.triton_trace import read_trace, replay
+    from servelab.scenario import scenario_from_dict
+
+    prefs: list[int] = []
+    if preferred_batch_size is not None:
+        try:
+            prefs = [int(x) for x in preferred_batch_size.split(",") if x.strip()]
+        except ValueError:
+            raise invalid("--preferred-batch-size", preferred_batch_size,
+                          "whole numbers separated by commas", "e.g. 4,8") from None
+    # The scenario's own checks give the policy its ranges and one-line errors.
+    s = scenario_from_dict({"batching": {
+        "max_batch_size": max_batch_size, "max_queue_delay_microseconds": max_queue_delay_us,
+        "preferred_batch_size": prefs, "instances_per_gpu": instances}}, base_dir=None)
+    report = replay(read_trace(trace, model), s.batching, s.batching.instances_per_gpu)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    t = Table(title=f"servelab replay-trace: {report['model'] or 'the model'}, "
+                    f"{report['requests']:,} requests over {report['span_s']:.1f} s "
+                    f"({report['offered_per_s']:.0f}/s)", title_justify="left")
+    cols = [("mean_batch", "mean batch", "{:.2f}"), ("queue_mean_ms", "queue ms", "{:.3f}"),
+            ("queue_p50_ms", "p50", "{:.3f}"), ("queue_p90_ms", "p90", "{:.3f}"),
+            ("queue_p99_ms", "p99", "{:.3f}"),
+            ("left_behind_share", "left older behind", "{:.0%}")]
+    t.add_column("")
+    for _, label, _ in cols:
+        t.add_column(label, justify="right")
+    m = report["measured"]
+    t.add_row("Triton", *[fmt.format(m[k]) for k, _, fmt in cols])
+    for rule, got in report["rules"].items():
+        cells = []
+        for k, _, fmt in cols:
+            err = got["error"].get(k)
+            cells.append(fmt.format(got[k]) + ("" if err is None or k == "left_behind_share"
+                                               else f" {err:+.0%}"))
+        t.add_row(f"{rule} rule", *cells)
+    stdout.print(t)
+    stdout.print("execution ms by batch size (the trace's means, given to the simulator): "
+                 + ", ".join(f"{k}: {v:.2f}" for k, v in report["exec_ms_by_size"].items()),
+                 highlight=False)
+    if report["skipped"]:
+        stdout.print(f"note: {report['skipped']} traced requests lacked a queue or compute "
+                     "timestamp (rejected or cancelled) and are not replayed", highlight=False)

@@ -1,0 +1,207 @@
+"""Replay a real Triton's trace through the simulator's batcher.
+
+`servelab validate` holds the whole prediction against a server, so its errors mix
+the service-time profile, the time outside the server and the batching rule. A
+Triton trace (``--trace-config level=TIMESTAMPS`` with ``triton,file=PATH``) takes
+the first two out: it records, per request, when it entered the scheduler's queue
+(``QUEUE_START``) and when its batch ran (``COMPUTE_START``, ``COMPUTE_END``). The
+replay gives the simulator those very queue-entry times and, per batch size, the
+mean execution time Triton measured, and compares what each batch-closing rule
+makes of them with what Triton did:
+
+- mean batch, and the queue (``COMPUTE_START - QUEUE_START``, Triton's own "queue"
+  statistic) at the mean, p50, p90 and p99;
+- the share of batches that started while an older request they had room for was
+  still waiting (it went to a later batch): the signature of Triton's rule, which
+  closes a payload at its delay while the instance is busy (0 under "absorb until
+  start", where a batch takes every waiting request it has room for).
+
+Execution times are deterministic per batch size here (the mean of the batches of
+that size), so what differs is the rule, not the draws. Requests of one row each,
+as the engine models them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servelab.batching.simulate import simulate_policy
+from servelab.errors import InputError, cut
+from servelab.files import parse_json, read_text
+from servelab.scenario import BatchingPolicy, Closing
+
+MAX_TRACE_REQUESTS = 2_000_000
+NEEDED = ("QUEUE_START", "COMPUTE_START", "COMPUTE_END")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TraceRequests:
+    """One model's complete requests from a trace, in order of queue entry (ns)."""
+
+    model: str
+    queue_ns: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    skipped: int  # traced requests without all three timestamps (rejected, cancelled)
+
+
+def read_trace(paths: list[str | Path] | list[Path], model: str | None = None
+               ) -> TraceRequests:
+    """The requests of `model` (or of the trace's only model) in Triton trace files: one
+    file, or the numbered files Triton writes with log_frequency > 0, read together."""
+    field = "TRACE"
+    stamps: dict[Any, dict[str, int]] = defaultdict(dict)
+    names: dict[Any, str] = {}
+    if not paths:
+        raise InputError(f"{field}: no file given; fix: name the trace file(s)")
+    for path in paths:
+        doc = parse_json(read_text(path, field, what="Triton trace (JSON)"), f"{field} = "
+                         f"{cut(str(path))}")
+        if not isinstance(doc, list):
+            raise InputError(f"{field} = {cut(str(path))}: not a Triton trace (expected a "
+                             f"JSON list of trace events, got {type(doc).__name__}); fix: "
+                             "the file tritonserver writes with --trace-config "
+                             "triton,file=PATH")
+        _collect(doc, field, stamps, names)
+    return _requests(field, stamps, names, model)
+
+
+def _collect(doc: list[Any], field: str, stamps: dict[Any, dict[str, int]],
+             names: dict[Any, str]) -> None:
+    for i, ev in enumerate(doc):
+        if not isinstance(ev, dict) or not isinstance(ev.get("id"), int | str) or isinstance(
+                ev.get("id"), bool):
+            raise InputError(f"{field}: event {i} is not an object with an \"id\"; fix: the "
+                             "file tritonserver writes with --trace-config triton,file=PATH")
+        key = ev["id"]
+        if isinstance(ev.get("model_name"), str):
+            names[key] = ev["model_name"]
+        ts = ev.get("timestamps", [])
+        if not isinstance(ts, list):
+            raise InputError(f"{field}: event {i} (id {cut(str(key), 40)}): \"timestamps\" "
+                             "is not a list; fix: a trace at level=TIMESTAMPS")
+        for t in ts:
+            if not isinstance(t, dict):
+                raise InputError(f"{field}: event {i} (id {cut(str(key), 40)}): a timestamp "
+                                 "is not an object; fix: a trace at level=TIMESTAMPS")
+            if t.get("name") not in NEEDED:
+                continue  # the others (HTTP, request, compute input/output) are not used
+            ns = t.get("ns")
+            if not (isinstance(ns, int) and not isinstance(ns, bool) and 0 <= ns < 1 << 62):
+                raise InputError(f"{field}: event {i} (id {cut(str(key), 40)}): "
+                                 f"{t['name']} ns = {cut(repr(ns), 40)}; expected an integer "
+                                 "from 0 to 2^62; fix: a trace at level=TIMESTAMPS")
+            stamps[key][t["name"]] = ns
+        if len(stamps) > MAX_TRACE_REQUESTS:
+            raise InputError(f"{field}: more than {MAX_TRACE_REQUESTS:,} traced requests; "
+                             "fix: a shorter trace")
+
+
+def _requests(field: str, stamps: dict[Any, dict[str, int]], names: dict[Any, str],
+              model: str | None) -> TraceRequests:
+    models = sorted(set(names.values()))
+    if model is None:
+        if len(models) > 1:
+            raise InputError(f"{field}: the trace holds {len(models)} models "
+                             f"({', '.join(cut(m, 40) for m in models[:5])}); "
+                             "fix: choose one with --model")
+        model = models[0] if models else ""
+    elif model not in models:
+        raise InputError(f"--model = {cut(model, 60)}: not in the trace (it holds "
+                         f"{', '.join(cut(m, 40) for m in models[:5]) or 'no model names'}); "
+                         "fix: one of those")
+    ids = [k for k in set(stamps) | set(names) if names.get(k, "") == model]
+    done = [stamps[k] for k in ids if all(n in stamps.get(k, ()) for n in NEEDED)]
+    if not done:
+        raise InputError(f"{field}: no request of {model or 'the model'!r} has "
+                         f"{', '.join(NEEDED)}; fix: trace with --trace-config "
+                         "level=TIMESTAMPS and rate=1 while the load runs")
+    q = np.array([d["QUEUE_START"] for d in done], np.int64)
+    s = np.array([d["COMPUTE_START"] for d in done], np.int64)
+    e = np.array([d["COMPUTE_END"] for d in done], np.int64)
+    if (s < q).any() or (e < s).any():
+        raise InputError(f"{field}: a request's timestamps are out of order (compute before "
+                         "queue, or end before start); fix: a trace from one tritonserver run")
+    order = np.argsort(q, kind="stable")
+    return TraceRequests(model, q[order], s[order], e[order], len(ids) - len(done))
+
+
+def batches_of(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                    np.ndarray]:
+    """(start, end, size) of each batch: the requests that ran together share both."""
+    pairs = np.stack([start_ns, end_ns], axis=1)
+    uniq, counts = np.unique(pairs, axis=0, return_counts=True)
+    return uniq[:, 0], uniq[:, 1], counts
+
+
+def left_behind_share(arrival_ns: np.ndarray, start_ns: np.ndarray, max_batch_size: int
+                      ) -> float:
+    """Share of batches that started, with room, while an older request waited for a
+    later batch."""
+    b_start, _, size = batches_of(start_ns, np.zeros_like(start_ns))
+    if not b_start.size:
+        return 0.0
+    by_start = np.argsort(start_ns, kind="stable")
+    st, arr = start_ns[by_start], arrival_ns[by_start]
+    # earliest arrival among requests that started strictly after each instant
+    suffix_min = np.minimum.accumulate(arr[::-1])[::-1]
+    after = np.searchsorted(st, b_start, side="right")
+    earliest_later = np.where(after < st.size, suffix_min[np.minimum(after, st.size - 1)],
+                              np.iinfo(np.int64).max)
+    left = (earliest_later < b_start) & (size < max_batch_size)
+    return float(left.mean())
+
+
+def summarize(arrival_ns: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
+              max_batch_size: int) -> dict[str, float]:
+    queue = (start_ns - arrival_ns) / 1e6
+    _, _, size = batches_of(start_ns, end_ns)
+    p50, p90, p99 = np.percentile(queue, [50, 90, 99])
+    return {"batches": int(size.size), "mean_batch": float(size.mean()),
+            "queue_mean_ms": float(queue.mean()), "queue_p50_ms": float(p50),
+            "queue_p90_ms": float(p90), "queue_p99_ms": float(p99),
+            "left_behind_share": left_behind_share(arrival_ns, start_ns, max_batch_size)}
+
+
+def exec_by_size(tr: TraceRequests, max_batch_size: int) -> np.ndarray:
+    """ns per batch size 0..max_batch_size: the mean measured time of batches of that
+    size; sizes never seen are interpolated (held flat beyond the measured ones)."""
+    b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
+    if size.max() > max_batch_size:
+        raise InputError(f"--max-batch-size = {max_batch_size}: the trace has a batch of "
+                         f"{int(size.max())} requests; fix: the model's max_batch_size")
+    seen = np.unique(size)
+    mean = np.array([(b_end - b_start)[size == k].mean() for k in seen])
+    table = np.zeros(max_batch_size + 1)
+    table[1:] = np.interp(np.arange(1, max_batch_size + 1), seen, mean)
+    return table
+
+
+def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[str, Any]:
+    """The measured batching beside each closing rule's, on the trace's arrivals."""
+    mbs = policy.max_batch_size
+    table = exec_by_size(tr, mbs)
+    t0 = tr.queue_ns[0]
+    measured = summarize(tr.queue_ns, tr.start_ns, tr.end_ns, mbs)
+    rules: dict[str, Any] = {}
+    for rule in (Closing.TRITON, Closing.ABSORB):
+        rec = simulate_policy(tr.queue_ns - t0, table, np.ones(1), replace(policy, closing=rule),
+                              instances)
+        served = rec.start_ns >= 0
+        got: dict[str, Any] = dict(
+            summarize(rec.arrival_ns[served], rec.start_ns[served], rec.end_ns[served], mbs))
+        got["error"] = {k: (got[k] - m) / m if m else None
+                        for k, m in measured.items() if k != "batches"}
+        rules[rule.value] = got
+    b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
+    return {"model": tr.model, "requests": int(tr.queue_ns.size), "skipped": tr.skipped,
+            "span_s": float((tr.queue_ns[-1] - t0) / 1e9),
+            "offered_per_s": float(tr.queue_ns.size / max((tr.queue_ns[-1] - t0) / 1e9, 1e-9)),
+            "exec_ms_by_size": {int(k): float((b_end - b_start)[size == k].mean() / 1e6)
+                                for k in np.unique(size)},
+            "measured": measured, "rules": rules}

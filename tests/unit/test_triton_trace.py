@@ -1,0 +1,146 @@
+"""`servelab replay-trace`: a Triton trace read as Triton writes it, and replayed through
+the batcher. The real-Triton test is tests/integration/test_validate_triton.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servelab.batching.simulate import simulate_policy
+from servelab.errors import InputError
+from servelab.measure.triton_trace import left_behind_share, read_trace, replay
+from servelab.scenario import BatchingPolicy, Closing
+
+
+def write_trace(path: Path, queue: np.ndarray, start: np.ndarray, end: np.ndarray,
+                model: str = "m") -> Path:
+    """As tritonserver writes a trace at level TIMESTAMPS: one event per timestamp (and
+    one with the model's name), the events of many requests interleaved."""
+    events: list[dict[str, object]] = []
+    for i, (q, s, e) in enumerate(zip(queue, start, end, strict=True)):
+        rid = i + 1
+        events += [{"id": rid, "timestamps": [{"name": "HTTP_RECV_START", "ns": int(q) - 50}]},
+                   {"id": rid, "model_name": model, "model_version": 1},
+                   {"id": rid, "timestamps": [{"name": "REQUEST_START", "ns": int(q) - 10}]},
+                   {"id": rid, "timestamps": [{"name": "QUEUE_START", "ns": int(q)}]},
+                   {"id": rid, "timestamps": [{"name": "COMPUTE_START", "ns": int(s)}]},
+                   {"id": rid, "timestamps": [{"name": "COMPUTE_END", "ns": int(e)}]}]
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(events))
+    path.write_text(json.dumps([events[k] for k in order]))
+    return path
+
+
+POLICY = BatchingPolicy(max_batch_size=8, max_queue_delay_microseconds=2000)
+
+
+def simulated_trace(tmp_path: Path, rule: Closing) -> tuple[Path, np.ndarray]:
+    rng = np.random.default_rng(1)
+    arrivals = np.cumsum(rng.exponential(1e9 / 900, 3000)).astype(np.int64) + 10**12
+    table = np.zeros(9)
+    table[1:] = (2.0 + 0.3 * np.arange(1, 9)) * 1e6  # 2.3 ms .. 4.4 ms per batch
+    rec = simulate_policy(arrivals, table, np.ones(1),
+                          BatchingPolicy(**{**_fields(POLICY), "closing": rule}), 1)
+    return write_trace(tmp_path / "t.json", rec.arrival_ns, rec.start_ns, rec.end_ns), rec.start_ns
+
+
+def _fields(p: BatchingPolicy) -> dict[str, object]:
+    return {k: getattr(p, k) for k in p.__dataclass_fields__}
+
+
+@pytest.mark.parametrize("rule", [Closing.TRITON, Closing.ABSORB])
+def test_a_trace_the_engine_made_replays_exactly_under_its_own_rule(tmp_path, rule):
+    path, _ = simulated_trace(tmp_path, rule)
+    report = replay(read_trace([path]), POLICY, 1)
+    assert report["requests"] == 3000
+    assert report["skipped"] == 0
+    own, other = report["rules"][rule.value], report["rules"][
+        (Closing.ABSORB if rule is Closing.TRITON else Closing.TRITON).value]
+    for key, value in report["measured"].items():
+        assert own[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    # the other rule batches these arrivals differently, and says so
+    assert abs(other["error"]["queue_mean_ms"]) > 0.05
+    # only Triton's rule starts a batch while an older request waits for a later one
+    assert report["rules"]["absorb"]["left_behind_share"] == 0.0
+    assert report["rules"]["triton"]["left_behind_share"] > 0.2
+    assert report["exec_ms_by_size"][1] == pytest.approx(2.3)
+
+
+def test_left_behind_counts_batches_that_started_past_an_older_waiting_request():
+    # a arrives at 0 and b at 1; batch {a} starts at 5 while b waits, b starts at 10;
+    # c arrives at 20 and starts alone at 22 (nobody older waiting)
+    arrival = np.array([0, 1, 20], np.int64)
+    start = np.array([5, 10, 22], np.int64)
+    assert left_behind_share(arrival, start, 8) == pytest.approx(1 / 3)
+    # a full batch leaves others behind by necessity: not counted
+    assert left_behind_share(arrival, start, 1) == 0.0
+
+
+def test_numbered_files_are_read_together_and_incomplete_requests_are_counted(tmp_path):
+    q = np.array([0, 10, 20, 30], np.int64) * 10**6
+    s, e = q + 2 * 10**6, q + 5 * 10**6
+    a = write_trace(tmp_path / "t.json.0", q[:2], s[:2], e[:2])
+    b = write_trace(tmp_path / "t.json.1", q[2:], s[2:], e[2:])
+    events = json.loads(b.read_text())
+    for ev in events:  # the files number their requests from 1 each: make them distinct
+        ev["id"] += 100
+    events.append({"id": 999, "model_name": "m"})  # rejected: never queued nor computed
+    b.write_text(json.dumps(events))
+    tr = read_trace([a, b])
+    assert tr.queue_ns.tolist() == q.tolist()
+    assert tr.skipped == 1
+
+
+@pytest.mark.parametrize(("doc", "says"), [
+    ({"a": 1}, "not a Triton trace"),
+    ([1, 2], "is not an object"),
+    ([{"id": 1, "timestamps": 5}], "is not a list"),
+    ([{"id": 1, "timestamps": [{"name": "QUEUE_START", "ns": -5}]}], "an integer from 0"),
+    ([{"id": 1, "timestamps": [{"name": "QUEUE_START", "ns": "5"}]}], "an integer from 0"),
+    ([{"id": 1, "model_name": "m"}], "no request of 'm' has QUEUE_START"),
+    ([{"id": 1, "model_name": "a"}, {"id": 2, "model_name": "b"}], "choose one with --model"),
+    ([{"id": 1, "model_name": "m", "timestamps": [
+        {"name": "QUEUE_START", "ns": 10}, {"name": "COMPUTE_START", "ns": 5},
+        {"name": "COMPUTE_END", "ns": 20}]}], "out of order"),
+])
+def test_a_bad_trace_is_one_line_naming_what_is_wrong(tmp_path, doc, says):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=says) as info:
+        read_trace([path])
+    assert "\n" not in str(info.value)
+
+
+def test_a_model_not_in_the_trace_or_a_batch_past_max_batch_size_is_refused(tmp_path):
+    q = np.arange(4, dtype=np.int64) * 10**6
+    path = write_trace(tmp_path / "t.json", q, np.full(4, 5 * 10**6), np.full(4, 9 * 10**6))
+    with pytest.raises(InputError, match="--model = x: not in the trace"):
+        read_trace([path], "x")
+    with pytest.raises(InputError, match="a batch of 4 requests"):
+        replay(read_trace([path]), BatchingPolicy(max_batch_size=2), 1)
+
+
+events = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 2**63) | st.text(max_size=12)
+    | st.sampled_from(["QUEUE_START", "COMPUTE_START", "COMPUTE_END", "m"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["id", "timestamps", "name", "ns", "model_name"]), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(doc=st.lists(events, max_size=6))
+def test_any_json_is_a_trace_or_one_line_error(tmp_path_factory, doc):
+    path = tmp_path_factory.mktemp("t") / "t.json"
+    path.write_text(json.dumps(doc))
+    message = ""
+    try:
+        replay(read_trace([path]), BatchingPolicy(max_batch_size=32), 1)
+    except InputError as exc:
+        message = str(exc)
+    assert "\n" not in message
