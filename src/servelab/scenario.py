@@ -94,6 +94,10 @@ class BatchingPolicy:
     default_timeout_microseconds: int = 0
     instances_per_gpu: int = 1
     closing: Closing = Closing.TRITON
+    # Share of completions at which Triton's woken batcher thread looks at the queue
+    # before the freed instance takes the next waiting payload (`servelab replay-trace`
+    # measures it from a Triton trace); 0 is the order the source implies.
+    batcher_first: float = 0.0
 
     @property
     def effective_preferred(self) -> tuple[int, ...]:
@@ -504,6 +508,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "default_timeout_microseconds": _int(0, MAX_TIMEOUT_US),
         "instances_per_gpu": _int(1, 64),
         "closing": _enum(Closing),
+        "batcher_first": _num(0, 1),
     }),
     "hardware": (Hardware, {
         "gpu": _str,

@@ -155,7 +155,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("drift",): ["--features", "--timestamp", "--window", "--bins", "--epsilon", "--warn",
                  "--alert", "--fail-on"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
-                    "--instances", "--model", "--url", "--seed", "--out"],
+                    "--instances", "--model", "--url", "--seed", "--out", "--batcher-first"],
     ("replay-trace",): ["--max-batch-size", "--max-queue-delay-us", "--instances",
                         "--preferred-batch-size", "--model"],
 }

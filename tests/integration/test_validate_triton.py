@@ -4,7 +4,8 @@ statistics, and the simulator, fitted to that, predicts what the load then measu
 
 Tolerances here are looser than the project's fidelity target (the README records the
 measured errors and what limits them on a 2-core machine shared with the client); they
-fail if validate reads the wrong policy, mis-profiles the model or mis-fits the batch."""
+fail if validate reads the wrong policy, mis-profiles the model or mis-fits the batch.
+The real-Triton replay of a trace (the second test) holds the closing rule itself."""
 
 from __future__ import annotations
 
@@ -78,12 +79,18 @@ def test_validate_against_a_real_triton(tmp_path):
     for r in report["rates"]:
         c = r["compare"]
         assert r["measured"]["errors"] == 0
-        assert abs(c["mean_batch"]["error"]) < 0.15, c["mean_batch"]
+        # The whole prediction carries the profile's error: this server's time per batch
+        # moved by up to 30% within minutes here (measured), so these bounds only catch
+        # a wrong policy or a gross misfit ...
+        assert abs(c["mean_batch"]["error"]) < 0.30, c["mean_batch"]
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
         assert abs(c["p50_ms"]["error"]) < 0.35, c["p50_ms"]
-        # the diagnosis matches the run's own compute time per request, as it says
+        # ... while the diagnosis, given the run's own compute time per request (which it
+        # matches, as it says), holds the batching model to the batch the server made
         g = r["given_measured_compute"]
         assert abs(g["compare"]["compute_ms"]["error"]) < 0.03, g
+        assert abs(g["compare"]["mean_batch"]["error"]) < 0.15, g
+        assert abs(g["compare"]["p50_ms"]["error"]) < 0.25, g
         assert 0.5 <= r["probe_drift"] <= 2.0
 
 
@@ -91,8 +98,8 @@ def test_validate_against_a_real_triton(tmp_path):
 def test_replaying_a_real_tritons_trace_tells_its_closing_rule(tmp_path):
     """Triton traces every request (queue entry, batch start and end) while open-loop
     load runs; the replay gives the engine those arrivals and execution times. Measured
-    here: Triton's rule within 3.4-4% on mean batch and 6.5-14% on mean queue at 300 and
-    600/s; "absorb until start" 40-55% short on queue."""
+    here: Triton's rule within 3-4% on mean batch and 6.5-14% long on mean queue at 300
+    and 600/s; "absorb until start" 40-55% short on queue."""
     py = pytriton_python()
     if py is None:
         pytest.skip("no PyTriton venv (scripts/test.sh builds .venv-pytriton)")
@@ -116,3 +123,9 @@ def test_replaying_a_real_tritons_trace_tells_its_closing_rule(tmp_path):
     assert abs(triton["mean_batch"]) < 0.10, triton
     assert abs(triton["queue_mean_ms"]) < 0.25, triton
     assert abs(absorb["queue_mean_ms"]) > abs(triton["queue_mean_ms"]) + 0.15, (triton, absorb)
+    # The batcher thread wins some races at a completion (0.08-0.15 measured here); with
+    # that share fitted to the mean queue, the figures not fitted come closer.
+    assert 0.0 <= r["batcher_first"] <= 0.5, r["batcher_first"]
+    fitted = r["rules"]["triton, fitted race"]["error"]
+    assert abs(fitted["mean_batch"]) < 0.10, fitted
+    assert abs(fitted["left_behind_share"]) < 0.2, fitted

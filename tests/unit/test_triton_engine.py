@@ -6,6 +6,8 @@ max_queue_delay and max_batch_size 32 unless it says otherwise."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from servelab.batching.engine import SERVED
 from servelab.scenario import Closing
 from tests.conftest import MS, run_ms
@@ -52,6 +54,34 @@ def test_an_arrival_just_after_closing_waits_one_batch():
     # arrivals come before the batcher thread).
     at_close, _ = both([0, 3, 5.0])
     assert starts_ms(at_close) == [2.0, 12.0, 12.0]
+
+
+def test_a_batcher_that_wins_the_race_grows_the_waiting_payload():
+    # As test_an_arrival_just_after_closing_waits_one_batch: [3] closed at 5 ms and waits
+    # for the instance, busy until 12 ms; 6 arrives after the close. If the woken batcher
+    # thread looks before the instance takes [3] (batcher_first = 1), the waiting payload
+    # is not stale yet and takes 6 at once (it grows): both start at 12 ms. Otherwise
+    # (batcher_first = 0, the order the source implies) 6 waits a batch.
+    instance_first = run_ms([0, 3, 6], 10.0, max_batch_size=32,
+                            max_queue_delay_microseconds=2000, batcher_first=0.0)
+    batcher_first = run_ms([0, 3, 6], 10.0, max_batch_size=32,
+                           max_queue_delay_microseconds=2000, batcher_first=1.0)
+    assert starts_ms(instance_first) == [2.0, 12.0, 22.0]
+    assert starts_ms(batcher_first) == [2.0, 12.0, 12.0]
+    assert sizes(batcher_first) == [1, 2]
+    # Between the two, the share of races the batcher wins moves the run between them;
+    # the same seed gives the same run.
+    rng = np.random.default_rng(3)
+    arrivals = np.cumsum(rng.exponential(2.0, 4000)).tolist()  # 500/s against 10 ms batches
+    queue = []
+    for share in (0.0, 0.3, 1.0):
+        r = run_ms(arrivals, [4.0 + 0.2 * b for b in range(1, 33)], max_batch_size=32,
+                   max_queue_delay_microseconds=2000, batcher_first=share)
+        queue.append(float((r.start_ns - r.arrival_ns).mean()))
+    assert queue[0] > queue[1] > queue[2]
+    again = run_ms(arrivals, [4.0 + 0.2 * b for b in range(1, 33)], max_batch_size=32,
+                   max_queue_delay_microseconds=2000, batcher_first=0.3)
+    assert float((again.start_ns - again.arrival_ns).mean()) == queue[1]
 
 
 def test_a_preferred_size_reached_while_busy_closes_at_once():

@@ -39,13 +39,14 @@ def write_trace(path: Path, queue: np.ndarray, start: np.ndarray, end: np.ndarra
 POLICY = BatchingPolicy(max_batch_size=8, max_queue_delay_microseconds=2000)
 
 
-def simulated_trace(tmp_path: Path, rule: Closing) -> tuple[Path, np.ndarray]:
+def simulated_trace(tmp_path: Path, rule: Closing, batcher_first: float = 0.0
+                    ) -> tuple[Path, np.ndarray]:
     rng = np.random.default_rng(1)
     arrivals = np.cumsum(rng.exponential(1e9 / 900, 3000)).astype(np.int64) + 10**12
     table = np.zeros(9)
     table[1:] = (2.0 + 0.3 * np.arange(1, 9)) * 1e6  # 2.3 ms .. 4.4 ms per batch
-    rec = simulate_policy(arrivals, table, np.ones(1),
-                          BatchingPolicy(**{**_fields(POLICY), "closing": rule}), 1)
+    rec = simulate_policy(arrivals, table, np.ones(1), BatchingPolicy(
+        **{**_fields(POLICY), "closing": rule, "batcher_first": batcher_first}), 1, seed=7)
     return write_trace(tmp_path / "t.json", rec.arrival_ns, rec.start_ns, rec.end_ns), rec.start_ns
 
 
@@ -61,6 +62,8 @@ def test_a_trace_the_engine_made_replays_exactly_under_its_own_rule(tmp_path, ru
     assert report["skipped"] == 0
     own, other = report["rules"][rule.value], report["rules"][
         (Closing.ABSORB if rule is Closing.TRITON else Closing.TRITON).value]
+    if rule is Closing.TRITON:  # the instance won every race: nothing to fit
+        assert report["batcher_first"] == 0.0
     for key, value in report["measured"].items():
         assert own[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
     # the other rule batches these arrivals differently, and says so
@@ -69,6 +72,17 @@ def test_a_trace_the_engine_made_replays_exactly_under_its_own_rule(tmp_path, ru
     assert report["rules"]["absorb"]["left_behind_share"] == 0.0
     assert report["rules"]["triton"]["left_behind_share"] > 0.2
     assert report["exec_ms_by_size"][1] == pytest.approx(2.3)
+
+
+def test_the_share_of_races_the_batcher_won_is_recovered_from_the_trace(tmp_path):
+    path, _ = simulated_trace(tmp_path, Closing.TRITON, batcher_first=0.4)
+    report = replay(read_trace([path]), POLICY, 1)
+    assert report["batcher_first"] == pytest.approx(0.4, abs=0.1)
+    fitted = report["rules"]["triton, fitted race"]["error"]
+    assert abs(fitted["queue_mean_ms"]) < 0.01  # what was fitted
+    # what was not: the share of batches that left an older request behind
+    assert abs(fitted["left_behind_share"]) < 0.1
+    assert abs(report["rules"]["triton"]["error"]["left_behind_share"]) > 0.2
 
 
 def test_left_behind_counts_batches_that_started_past_an_older_waiting_request():

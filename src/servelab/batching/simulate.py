@@ -62,21 +62,23 @@ def simulate_policy(
     multiplier: np.ndarray,
     policy: BatchingPolicy,
     num_instances: int,
+    seed: int = 0,
 ) -> Records:
-    """The batcher alone, on given arrivals and service draws (used by tests and bench)."""
+    """The batcher alone, on given arrivals and service draws (used by tests and bench);
+    `seed` draws who wins each completion race when ``policy.batcher_first`` is
+    between 0 and 1."""
     preferred = np.zeros(policy.max_batch_size + 1, dtype=np.bool_)
     preferred[list(policy.effective_preferred)] = True
     arrival_ns = np.ascontiguousarray(arrival_ns, dtype=np.int64)
     if multiplier.size != 1 and multiplier.size < arrival_ns.size:
         raise ValueError("need one service multiplier per possible batch (one per request), "
                          "or one for all")
-    engine = run_batcher_triton if policy.closing is Closing.TRITON else run_batcher
     n = arrival_ns.size
     # Room for a batch per 4 requests first (any batching fits), not one per request: the
     # per-batch records are 32 bytes each. A run of smaller batches runs again with room
     # for one batch per request.
     for batch_cap in (n // 4 + 16, n):
-        out = engine(
+        args = (
             arrival_ns,
             np.ascontiguousarray(exec_ns, dtype=np.float64),
             np.ascontiguousarray(multiplier, dtype=np.float64),
@@ -88,6 +90,8 @@ def simulate_policy(
             policy.default_timeout_microseconds * 1000,
             batch_cap,
         )
+        out = (run_batcher_triton(*args, float(policy.batcher_first), seed % 2**32)
+               if policy.closing is Closing.TRITON else run_batcher(*args))
         status, start, end, batch, b_size, b_start, b_end, b_inst = out
         if b_size.size or not (status == SERVED).any():
             break
@@ -170,6 +174,7 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
         mult,
         policy,
         s.hardware.num_gpus * policy.instances_per_gpu,
+        seed=s.workload.seed,
     )
     lat = s.latency
     return Simulation(

@@ -234,6 +234,10 @@ def validate(
         help="Replace or give max_queue_delay_microseconds.")] = None,
     instances: Annotated[int | None, typer.Option(
         help="Replace or give the instance count.")] = None,
+    batcher_first: Annotated[float, typer.Option(
+        help="Share of completion races Triton's batcher thread wins, as `servelab "
+             "replay-trace` measures it from the server's trace (0: the source's order).")
+                             ] = 0.0,
     out: Annotated[Path | None, typer.Option(
         help="Write scenario.toml (the fitted scenario), validation.json and "
              "validation.html (predicted vs measured against the rate) in this folder.")
@@ -246,6 +250,7 @@ def validate(
     the prediction beside the measurement, with % error and a verdict."""
     import contextlib
     import tempfile
+    from dataclasses import replace
 
     import numpy as np
 
@@ -270,6 +275,9 @@ def validate(
                       "give --url http://127.0.0.1:8000 --model NAME, or --serve demo")
     if not 1 <= duration <= 600:
         raise invalid("--duration", duration, "1 to 600 seconds per rate", "e.g. 10")
+    if not 0 <= batcher_first <= 1:
+        raise invalid("--batcher-first", batcher_first, "a share from 0 to 1",
+                      "the share servelab replay-trace prints, or 0")
     grid: list[float] | None = None
     if rates is not None:
         grid = parse_rates(rates)
@@ -310,6 +318,7 @@ def validate(
         sp = read_policy(target, {"max_batch_size": max_batch_size,
                                   "max_queue_delay_us": max_queue_delay_us,
                                   "instances": instances})
+        sp = replace(sp, policy=replace(sp.policy, batcher_first=batcher_first))
         p = sp.policy
         say(f"validate: {name} at {target.base}: max_batch_size {p.max_batch_size}, "
             f"max_queue_delay {p.max_queue_delay_microseconds} us, preferred "
@@ -441,6 +450,10 @@ def replay_trace(
     stdout.print("execution ms by batch size (the trace's means, given to the simulator): "
                  + ", ".join(f"{k}: {v:.2f}" for k, v in report["exec_ms_by_size"].items()),
                  highlight=False)
+    stdout.print(f"the batcher thread won {report['batcher_first']:.1%} of the races at a "
+                 "completion (fitted to the mean queue; 0 is the source's order): set "
+                 f"[batching] batcher_first = {report['batcher_first']:g} to simulate this "
+                 "server", highlight=False)
     if report["skipped"]:
         stdout.print(f"note: {report['skipped']} traced requests lacked a queue or compute "
                      "timestamp (rejected or cancelled) and are not replayed", highlight=False)
