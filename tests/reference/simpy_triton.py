@@ -10,7 +10,9 @@ payload queue with ``2 x instances`` slots. It shares no code with the engine.
 Order at one instant, as the engine documents it: instance completions and
 arrivals (SimPy's normal priority), then the batcher thread (lower priority),
 then timeouts (lowest). An instance that finishes takes the next waiting payload
-before the woken thread runs.
+before the woken thread runs; with ``batcher_first`` the thread runs first (after the
+instant's arrivals, while a payload slot is free) and the instance takes the payload
+once the thread has grown it or gone back to sleep.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class Payload:
 def simulate_simpy_triton(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarray,
                           preferred: set[int], max_batch_size: int, delay_ns: int,
                           num_instances: int, max_queue_size: int = 0,
-                          timeout_ns: int = 0) -> dict[str, np.ndarray]:
+                          timeout_ns: int = 0, batcher_first: bool = False
+                          ) -> dict[str, np.ndarray]:
     n = len(arrival_ns)
     arrivals = [int(x) for x in arrival_ns]
     status = np.full(n, -1, np.int8)
@@ -51,6 +54,7 @@ def simulate_simpy_triton(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplie
     st = {"payload": Payload(), "saturated": False, "next_pref": 0, "pending": 0}
     thread = {"waiting": False, "deadline": None, "token": 0}
     done = [False]  # every arrival has come
+    take_after_thread = [False]  # an instance freed while the thread looks first
 
     # -- the condition variable: a notify wakes the thread (at thread priority) --------
     def schedule_run(at: int, token: int) -> None:
@@ -94,6 +98,10 @@ def simulate_simpy_triton(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplie
         yield env.timeout(dur)
         idle.append(inst)
         idle.sort()
+        if batcher_first and slot_available():
+            take_after_thread[0] = True  # the thread wins the race: it looks first
+            notify()
+            return
         take_waiting()  # the instance wins the race with the callback below
         notify()  # the payload's completion callback
 
@@ -142,10 +150,19 @@ def simulate_simpy_triton(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplie
         return (delay_ns - age) // 1000
 
     # -- the batcher thread: one loop iteration per run --------------------------------
+    def first_take() -> None:  # the instances freed while the thread looked first
+        if take_after_thread[0]:
+            take_after_thread[0] = False
+            take_waiting()
+
     def run_thread(token: int) -> None:
         if token != thread["token"]:
             return  # a stale timer: the thread was woken since
         thread["waiting"] = False
+        thread_loop()
+        first_take()
+
+    def thread_loop() -> None:
         while True:
             p = st["payload"]
             if st["saturated"] or p.state == "executing":
@@ -168,6 +185,7 @@ def simulate_simpy_triton(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplie
                     p.state = "requested"
                     rate_limiter.append(p)
                     take_waiting()
+                first_take()
                 continue
             if wait_us > 0:
                 sleep(wait_us * 1000)
