@@ -110,8 +110,10 @@ def test_replaying_a_real_tritons_trace_tells_its_closing_rule(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     files = sorted(tmp_path.glob("t.json.*"))  # written every 500 requests
     assert len(files) >= 2, list(tmp_path.iterdir())
+    fitted_toml = tmp_path / "fitted.toml"
     rep = subprocess.run([sys.executable, "-m", "servelab", "replay-trace", *map(str, files),
-                          "--max-batch-size", "32", "--max-queue-delay-us", "2000", "--json"],
+                          "--max-batch-size", "32", "--max-queue-delay-us", "2000",
+                          "--scenario-out", str(fitted_toml), "--json"],
                          capture_output=True, text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr[-3000:]
     r = json.loads(rep.stdout)
@@ -129,3 +131,12 @@ def test_replaying_a_real_tritons_trace_tells_its_closing_rule(tmp_path):
     fitted = r["rules"]["triton, fitted race"]["error"]
     assert abs(fitted["mean_batch"]) < 0.10, fitted
     assert abs(fitted["left_behind_share"]) < 0.2, fitted
+    # Triton's batches vary (stalls of the shared machine): the measured spread is there
+    assert r["spread"]["cv"] > 0.02
+    # the fitted scenario runs as any other
+    sim = subprocess.run([sys.executable, "-m", "servelab", "simulate", "--scenario",
+                          str(fitted_toml), "--json"], capture_output=True, text=True,
+                         timeout=300)
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    assert json.loads(sim.stdout)["batching"]["mean_batch_size"] == pytest.approx(
+        r["measured"]["mean_batch"], rel=0.25)

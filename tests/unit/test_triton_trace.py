@@ -85,6 +85,39 @@ def test_the_share_of_races_the_batcher_won_is_recovered_from_the_trace(tmp_path
     assert abs(report["rules"]["triton"]["error"]["left_behind_share"]) > 0.2
 
 
+def test_the_trace_becomes_a_scenario_the_other_commands_take(tmp_path):
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+    from servelab.scenario import Variability, load_scenario
+
+    path, _ = simulated_trace(tmp_path, Closing.TRITON, batcher_first=0.4)
+    out = tmp_path / "fitted.toml"
+    res = CliRunner().invoke(app, ["replay-trace", str(path), "--max-batch-size", "8",
+                                   "--max-queue-delay-us", "2000", "--scenario-out", str(out),
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    s = load_scenario(out)
+    assert s.batching.batcher_first == report["batcher_first"]
+    assert s.batching.max_batch_size == 8
+    assert dict(s.model.points)[1] == pytest.approx(2.3)
+    # the engine's batches took exactly their size's time: no spread to resample
+    assert s.model.variability is Variability.EMPIRICAL
+    assert set(s.model.multipliers) == {1.0}
+    assert report["spread"]["cv"] == pytest.approx(0.0, abs=1e-12)
+    assert s.workload.qps == pytest.approx(report["offered_per_s"], rel=1e-3)
+    # with no spread, the row that resamples it is the fitted row
+    rules = report["rules"]
+    assert rules["triton, fitted race, measured spread"]["queue_mean_ms"] == pytest.approx(
+        rules["triton, fitted race"]["queue_mean_ms"])
+    sim = CliRunner().invoke(app, ["simulate", "--scenario", str(out), "--json"])
+    assert sim.exit_code == 0, sim.output
+    # Poisson at the trace's rate, through the fitted race: the trace's batching, roughly
+    assert json.loads(sim.stdout)["batching"]["mean_batch_size"] == pytest.approx(
+        report["measured"]["mean_batch"], rel=0.15)
+
+
 def test_left_behind_counts_batches_that_started_past_an_older_waiting_request():
     # a arrives at 0 and b at 1; batch {a} starts at 5 while b waits, b starts at 10;
     # c arrives at 20 and starts alone at 22 (nobody older waiting)

@@ -403,14 +403,18 @@ def replay_trace(
         help="The model's preferred_batch_size, comma-separated.")] = None,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="The model to replay, when the trace holds several.")] = None,
+    scenario_out: Annotated[Path | None, typer.Option(
+        help="Also write a scenario fitted to the trace (profile, per-batch spread, the "
+             "completion race, the trace's rate) for simulate / plan / sweep.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
                        ] = False,
 ) -> None:
     """Replay a real Triton's trace through the simulator's batcher: the trace's own
     queue-entry times and measured execution times, each batch-closing rule beside what
     Triton did (mean batch, queue, batches that left older requests behind)."""
-    from servelab.measure.triton_trace import read_trace, replay
-    from servelab.scenario import scenario_from_dict
+    from servelab.files import check_writable_target
+    from servelab.measure.triton_trace import read_trace, replay, trace_scenario
+    from servelab.scenario import scenario_from_dict, scenario_to_toml
 
     prefs: list[int] = []
     if preferred_batch_size is not None:
@@ -423,7 +427,15 @@ def replay_trace(
     s = scenario_from_dict({"batching": {
         "max_batch_size": max_batch_size, "max_queue_delay_microseconds": max_queue_delay_us,
         "preferred_batch_size": prefs, "instances_per_gpu": instances}}, base_dir=None)
-    report = replay(read_trace(trace, model), s.batching, s.batching.instances_per_gpu)
+    if scenario_out is not None:
+        check_writable_target(scenario_out, "--scenario-out")
+    tr = read_trace(trace, model)
+    report = replay(tr, s.batching, s.batching.instances_per_gpu)
+    if scenario_out is not None:
+        fitted = scenario_from_dict(trace_scenario(tr, report, s.batching,
+                                                   s.batching.instances_per_gpu), base_dir=None)
+        scenario_out.write_text(scenario_to_toml(fitted))
+        report["scenario_out"] = str(scenario_out)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return
@@ -453,7 +465,13 @@ def replay_trace(
     stdout.print(f"the batcher thread won {report['batcher_first']:.1%} of the races at a "
                  "completion (fitted to the mean queue; 0 is the source's order): set "
                  f"[batching] batcher_first = {report['batcher_first']:g} to simulate this "
-                 "server", highlight=False)
+                 "server", highlight=False, markup=False)
+    sp = report["spread"]
+    stdout.print(f"per-batch spread: cv {sp['cv']:.2f}, slowest batch {sp['max']:.1f}x its "
+                 f"size's mean ({sp['batches']:,} batches)", highlight=False)
+    if "scenario_out" in report:
+        stdout.print(f"wrote {report['scenario_out']}: servelab simulate --scenario "
+                     f"{report['scenario_out']}", highlight=False)
     if report["skipped"]:
         stdout.print(f"note: {report['skipped']} traced requests lacked a queue or compute "
                      "timestamp (rejected or cancelled) and are not replayed", highlight=False)

@@ -16,9 +16,11 @@ makes of them with what Triton did:
   closes a payload at its delay while the instance is busy (0 under "absorb until
   start", where a batch takes every waiting request it has room for).
 
-Execution times are deterministic per batch size here (the mean of the batches of
-that size), so what differs is the rule, not the draws. Requests of one row each,
-as the engine models them.
+Execution times are the mean of the batches of each size (what differs is then the
+rule, not the draws), and in one more row the measured per-batch spread resampled
+(each batch's time over its size's mean), which is what reaches the queue's tail.
+Requests of one row each, as the engine models them. `trace_scenario` turns all of
+it into a scenario the other commands take.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from servelab.batching.service import draw_multipliers
 from servelab.batching.simulate import simulate_policy
 from servelab.errors import InputError, cut
 from servelab.files import parse_json, read_text
-from servelab.scenario import BatchingPolicy, Closing
+from servelab.scenario import MAX_SAMPLES, BatchingPolicy, Closing, Variability
 
 MAX_TRACE_REQUESTS = 2_000_000
 NEEDED = ("QUEUE_START", "COMPUTE_START", "COMPUTE_END")
@@ -185,12 +188,23 @@ def exec_by_size(tr: TraceRequests, max_batch_size: int) -> np.ndarray:
 FIT_SEEDS = 3  # races drawn per share while fitting (common to every share tried)
 
 
+def measured_multipliers(tr: TraceRequests, table: np.ndarray) -> np.ndarray:
+    """Each batch's measured time over the mean of its size's batches."""
+    b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
+    out: np.ndarray = (b_end - b_start) / table[size]
+    return out
+
+
 def _rule_on(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarray, instances: int,
-             seeds: int = 1) -> dict[str, float]:
-    """The engine on the trace's arrivals; figures averaged over `seeds` race draws."""
+             seeds: int = 1, spread: np.ndarray | None = None) -> dict[str, float]:
+    """The engine on the trace's arrivals; figures averaged over `seeds` draws (of the
+    races, and of the per-batch spread resampled when it is given)."""
     runs = []
+    n = tr.queue_ns.size
     for seed in range(seeds):
-        rec = simulate_policy(tr.queue_ns - tr.queue_ns[0], table, np.ones(1), policy,
+        mult = (np.ones(1) if spread is None else draw_multipliers(
+            Variability.EMPIRICAL, 0.0, n, np.random.default_rng(seed), tuple(spread)))
+        rec = simulate_policy(tr.queue_ns - tr.queue_ns[0], table, mult, policy,
                               instances, seed=seed)
         served = rec.start_ns >= 0
         runs.append(summarize(rec.arrival_ns[served], rec.start_ns[served],
@@ -229,13 +243,15 @@ def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[st
     table = exec_by_size(tr, mbs)
     measured = summarize(tr.queue_ns, tr.start_ns, tr.end_ns, mbs)
     share = fit_batcher_first(tr, policy, table, instances, measured["queue_mean_ms"])
+    spread = measured_multipliers(tr, table)
+    fitted = replace(policy, closing=Closing.TRITON, batcher_first=share)
     rules: dict[str, Any] = {}
-    for name, pol, seeds in (
-            ("triton", replace(policy, closing=Closing.TRITON, batcher_first=0.0), 1),
-            ("triton, fitted race", replace(policy, closing=Closing.TRITON,
-                                            batcher_first=share), FIT_SEEDS),
-            ("absorb", replace(policy, closing=Closing.ABSORB), 1)):
-        got: dict[str, Any] = dict(_rule_on(tr, pol, table, instances, seeds))
+    for name, pol, seeds, sp in (
+            ("triton", replace(policy, closing=Closing.TRITON, batcher_first=0.0), 1, None),
+            ("triton, fitted race", fitted, FIT_SEEDS, None),
+            ("triton, fitted race, measured spread", fitted, FIT_SEEDS, spread),
+            ("absorb", replace(policy, closing=Closing.ABSORB), 1, None)):
+        got: dict[str, Any] = dict(_rule_on(tr, pol, table, instances, seeds, sp))
         got["error"] = {k: (got[k] - m) / m if m else None
                         for k, m in measured.items() if k != "batches"}
         rules[name] = got
@@ -246,4 +262,45 @@ def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[st
             "offered_per_s": float(tr.queue_ns.size / max((tr.queue_ns[-1] - t0) / 1e9, 1e-9)),
             "exec_ms_by_size": {int(k): float((b_end - b_start)[size == k].mean() / 1e6)
                                 for k in np.unique(size)},
-            "batcher_first": share, "measured": measured, "rules": rules}
+            "batcher_first": share,
+            "spread": {"batches": int(spread.size), "cv": float(spread.std() / spread.mean()),
+                       "max": float(spread.max())},
+            "measured": measured, "rules": rules}
+
+
+def trace_scenario(tr: TraceRequests, report: dict[str, Any], policy: BatchingPolicy,
+                   instances: int) -> dict[str, Any]:
+    """A scenario fitted to the trace: the policy with the fitted race, the measured
+    time per batch size as the profile, the measured per-batch spread as empirical
+    multipliers, and the trace's rate as Poisson arrivals. What happens outside Triton's
+    queue and compute (client, network, HTTP) is not in a trace: [latency] is zero."""
+    table = exec_by_size(tr, policy.max_batch_size)
+    spread = measured_multipliers(tr, table)
+    if spread.size > MAX_SAMPLES:  # keep every k-th: the same shape, within the cap
+        spread = spread[:: -(-spread.size // MAX_SAMPLES)]
+    points = [[int(k), round(v, 6)] for k, v in report["exec_ms_by_size"].items()]
+    if points[0][0] != 1:  # the profile needs batch 1: the smallest measured size's time
+        points.insert(0, [1, points[0][1]])
+    return {
+        "name": f"replay-trace-{report['model'] or 'model'}",
+        "description": (f"Fitted by servelab replay-trace to a Triton trace of "
+                        f"{report['requests']:,} requests ({report['offered_per_s']:.0f}/s): "
+                        "time per batch size, per-batch spread and the completion race "
+                        "measured; the time outside Triton is not in a trace (set "
+                        "[latency])"),
+        "workload": {"qps": round(report["offered_per_s"], 3), "arrival": "poisson",
+                     "num_requests": int(min(max(tr.queue_ns.size, 10_000), 200_000)),
+                     "seed": 0},
+        "batching": {"max_batch_size": policy.max_batch_size,
+                     "max_queue_delay_microseconds": policy.max_queue_delay_microseconds,
+                     "preferred_batch_size": list(policy.preferred_batch_size),
+                     "max_queue_size": policy.max_queue_size,
+                     "default_timeout_microseconds": policy.default_timeout_microseconds,
+                     "instances_per_gpu": instances,
+                     "batcher_first": report["batcher_first"]},
+        "hardware": {"num_gpus": 1},
+        "model": {"kind": "profile", "name": f"{report['model'] or 'model'}, traced",
+                  "points": points, "variability": "empirical",
+                  "multipliers": [round(float(x), 5) for x in spread]},
+        "latency": {"network_ms": 0.0, "feature_fetch_ms": 0.0},
+    }
