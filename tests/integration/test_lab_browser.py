@@ -415,6 +415,8 @@ def test_llm_section_runs_the_simulator_and_follows_its_sliders(browser, lab_url
     page.dispatch_event("#llm-rate", "change")
     page.wait_for_function(f"document.querySelector('#out-llm-tps').textContent !== '{first}'",
                            timeout=60_000)
-    assert page.query_selector("#chart-llm-rate .main-svg") is not None
-    assert page.query_selector("#chart-llm-kv .main-svg") is not None
+    # Charts draw on a later frame than the read-outs (and wait for plotly.js, which
+    # loads after the first paint), so wait for them rather than look at once.
+    page.wait_for_selector("#chart-llm-rate .main-svg", state="attached", timeout=30_000)
+    page.wait_for_selector("#chart-llm-kv .main-svg", state="attached", timeout=30_000)
     assert not watch.errors, watch.errors
