@@ -86,7 +86,8 @@ def test_validate_against_a_real_triton(tmp_path):
         # moved by up to 30% within minutes here (measured), and its p50 with it (+42% and
         # +60% at one rate in two runs this session), so only a wrong policy or a gross
         # misfit is caught here ...
-        assert abs(c["mean_batch"]["error"]) < 0.30, c["mean_batch"]
+        # (a batch of one, or no delay, would miss by 50-100%; a slow minute reached +25%)
+        assert abs(c["mean_batch"]["error"]) < 0.40, c["mean_batch"]
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
         # ... while the diagnosis, given the run's own compute time per request (which it
         # matches, as it says), holds the batching model to the batch the server made
