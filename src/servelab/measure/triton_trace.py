@@ -171,28 +171,35 @@ def summarize(arrival_ns: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
             "left_behind_share": left_behind_share(arrival_ns, start_ns, max_batch_size)}
 
 
-def exec_by_size(tr: TraceRequests, max_batch_size: int) -> np.ndarray:
-    """ns per batch size 0..max_batch_size: the mean measured time of batches of that
-    size; sizes never seen are interpolated (held flat beyond the measured ones)."""
+@dataclass(frozen=True, slots=True, eq=False)
+class MeasuredBatches:
+    """What the trace's batches took: per size, and per batch against its size's mean."""
+
+    table_ns: np.ndarray  # mean ns per batch size 0..max_batch_size (index 0 unused)
+    sizes_seen: np.ndarray  # the sizes some batch had (the others are interpolated)
+    spread: np.ndarray  # each batch's time over its size's mean
+
+    def exec_ms_by_size(self) -> dict[int, float]:
+        return {int(k): float(self.table_ns[k] / 1e6) for k in self.sizes_seen}
+
+
+def measured_batches(tr: TraceRequests, max_batch_size: int) -> MeasuredBatches:
+    """The mean measured time of batches of each size (sizes never seen interpolated,
+    held flat beyond the measured ones) and each batch's spread around it."""
     b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
     if size.max() > max_batch_size:
         raise InputError(f"--max-batch-size = {max_batch_size}: the trace has a batch of "
                          f"{int(size.max())} requests; fix: the model's max_batch_size")
-    seen = np.unique(size)
-    mean = np.array([(b_end - b_start)[size == k].mean() for k in seen])
+    dur = (b_end - b_start).astype(np.float64)
+    count = np.bincount(size)
+    seen = np.flatnonzero(count)
+    mean = np.bincount(size, weights=dur)[seen] / count[seen]
     table = np.zeros(max_batch_size + 1)
     table[1:] = np.interp(np.arange(1, max_batch_size + 1), seen, mean)
-    return table
+    return MeasuredBatches(table, seen, dur / table[size])
 
 
 FIT_SEEDS = 3  # races drawn per share while fitting (common to every share tried)
-
-
-def measured_multipliers(tr: TraceRequests, table: np.ndarray) -> np.ndarray:
-    """Each batch's measured time over the mean of its size's batches."""
-    b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
-    out: np.ndarray = (b_end - b_start) / table[size]
-    return out
 
 
 def _rule_on(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarray, instances: int,
@@ -240,10 +247,10 @@ def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[st
     first), with the share of races the batcher wins fitted to the measured mean queue,
     and "absorb until start"."""
     mbs = policy.max_batch_size
-    table = exec_by_size(tr, mbs)
+    mb = measured_batches(tr, mbs)
+    table, spread = mb.table_ns, mb.spread
     measured = summarize(tr.queue_ns, tr.start_ns, tr.end_ns, mbs)
     share = fit_batcher_first(tr, policy, table, instances, measured["queue_mean_ms"])
-    spread = measured_multipliers(tr, table)
     fitted = replace(policy, closing=Closing.TRITON, batcher_first=share)
     rules: dict[str, Any] = {}
     for name, pol, seeds, sp in (
@@ -255,13 +262,11 @@ def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[st
         got["error"] = {k: (got[k] - m) / m if m else None
                         for k, m in measured.items() if k != "batches"}
         rules[name] = got
-    b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
     t0 = tr.queue_ns[0]
     return {"model": tr.model, "requests": int(tr.queue_ns.size), "skipped": tr.skipped,
             "span_s": float((tr.queue_ns[-1] - t0) / 1e9),
             "offered_per_s": float(tr.queue_ns.size / max((tr.queue_ns[-1] - t0) / 1e9, 1e-9)),
-            "exec_ms_by_size": {int(k): float((b_end - b_start)[size == k].mean() / 1e6)
-                                for k in np.unique(size)},
+            "exec_ms_by_size": mb.exec_ms_by_size(),
             "batcher_first": share,
             "spread": {"batches": int(spread.size), "cv": float(spread.std() / spread.mean()),
                        "max": float(spread.max())},
@@ -274,8 +279,7 @@ def trace_scenario(tr: TraceRequests, report: dict[str, Any], policy: BatchingPo
     time per batch size as the profile, the measured per-batch spread as empirical
     multipliers, and the trace's rate as Poisson arrivals. What happens outside Triton's
     queue and compute (client, network, HTTP) is not in a trace: [latency] is zero."""
-    table = exec_by_size(tr, policy.max_batch_size)
-    spread = measured_multipliers(tr, table)
+    spread = measured_batches(tr, policy.max_batch_size).spread
     if spread.size > MAX_SAMPLES:  # keep every k-th: the same shape, within the cap
         spread = spread[:: -(-spread.size // MAX_SAMPLES)]
     points = [[int(k), round(v, 6)] for k, v in report["exec_ms_by_size"].items()]

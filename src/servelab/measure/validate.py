@@ -314,14 +314,19 @@ def outside_samples(latency_ms: np.ndarray, inside_ms: np.ndarray, server_mean_m
     return floored
 
 
+def on_arrivals(fit: Scenario, offsets_s: np.ndarray, seed: int = 0) -> Scenario:
+    """The fitted scenario on the given arrival times (seconds from the first)."""
+    return fit.with_overrides({"workload.arrival": "trace",
+                               "workload.arrivals_s": [float(x) for x in offsets_s],
+                               "workload.num_requests": int(offsets_s.size),
+                               "workload.seed": seed})
+
+
 def simulated_server_ms(fit: Scenario, offsets_s: np.ndarray) -> np.ndarray:
     """Each request's simulated queue + compute (ms) on the given arrival times."""
     from servelab.batching.simulate import simulate
 
-    sim = simulate(fit.with_overrides({"workload.arrival": "trace",
-                                       "workload.arrivals_s": [float(x) for x in offsets_s],
-                                       "workload.num_requests": int(offsets_s.size)}))
-    r = sim.records
+    r = simulate(on_arrivals(fit, offsets_s)).records
     out: np.ndarray = (r.end_ns - r.arrival_ns) / 1e6
     return out
 
@@ -442,11 +447,7 @@ def predict(fit: Scenario, offsets_s: np.ndarray, seed: int) -> dict[str, float]
     """The simulator on the same arrival times the load generator intended."""
     from servelab.api import run_simulate
 
-    s = fit.with_overrides({"workload.arrival": "trace",
-                            "workload.arrivals_s": [float(x) for x in offsets_s],
-                            "workload.num_requests": int(offsets_s.size),
-                            "workload.seed": seed})
-    r = run_simulate(s)
+    r = run_simulate(on_arrivals(fit, offsets_s, seed))
     return {"mean_batch": r.batching.mean_batch_size, "p50_ms": r.latency.p50_ms,
             "p90_ms": r.latency.p90_ms, "p99_ms": r.latency.p99_ms,
             "mean_ms": r.latency.mean_ms, "queue_ms": r.latency.mean_queue_ms,
