@@ -157,7 +157,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out", "--batcher-first"],
     ("replay-trace",): ["--max-batch-size", "--max-queue-delay-us", "--instances",
-                        "--preferred-batch-size", "--model"],
+                        "--preferred-batch-size", "--model", "--scenario-out"],
 }
 SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests", "3000"],
          ("sweep", "qps"): ["--num-requests", "2000"],
