@@ -6,11 +6,13 @@
    raw ASOF join. 1b: a view with a created column and event-time ties, against a raw
    ASOF JOIN ordered by (event time, created time).
 2. Online reads of 10 features for 1 and for 100 entities through the public
-   get_online_features (values and per-feature status) vs raw sqlite3 (the same SELECT)
-   and raw redis-py pipelined HMGET. Target: within 1.2x of the raw store.
+   get_online_features (values and per-feature status) vs raw sqlite3 running the same
+   SELECT (`= ?` and fetchone for one key, an IN list for a batch) and raw redis-py
+   (one HMGET, or a pipeline of them). Target: within 1.2x of the raw store.
 3. Materialization rows per second into SQLite and Redis.
 
     python bench/bench_features.py [--entities 1000000] [--rows 2000000] [--reads 2000]
+                                   [--parts pit,ties,online]
 """
 
 from __future__ import annotations
@@ -239,8 +241,13 @@ def online_bench(root: Path, reads: int) -> None:
             if kind == "sqlite":
                 con = sqlite3.connect(repo.config.sqlite_path)
                 cols = ", ".join(f'"{f}"' for f in feats)
+                one_sql = f"SELECT event_ts, {cols} FROM user_stats WHERE entity_key = ?"
 
-                def raw_read(batch: list[tuple[int]], con=con, cols=cols) -> None:
+                def raw_read(batch: list[tuple[int]], con=con, cols=cols,
+                             one_sql=one_sql) -> None:
+                    if len(batch) == 1:  # the same statement servelab's one-key read runs
+                        con.execute(one_sql, (f"[{batch[0][0]}]",)).fetchone()
+                        return
                     sql = (f"SELECT entity_key, event_ts, {cols} FROM user_stats WHERE "
                            f"entity_key IN ({', '.join('?' for _ in batch)})")
                     con.execute(sql, [entity_key(k) for k in batch]).fetchall()
@@ -252,6 +259,9 @@ def online_bench(root: Path, reads: int) -> None:
 
                 def raw_read(batch: list[tuple[int]], client=client, fields=fields,
                              prefix=prefix) -> None:
+                    if len(batch) == 1:  # one HMGET, no pipeline, as servelab's one-key read
+                        client.hmget(f"{prefix}[{batch[0][0]}]", fields)
+                        return
                     pipe = client.pipeline(transaction=False)
                     for k in batch:
                         pipe.hmget(prefix + entity_key(k), fields)
@@ -284,15 +294,19 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--reads", type=int, default=2_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--parts", default="pit,ties,online",
+                    help="which parts to run, comma-separated: pit, ties, online")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        pit_dir, online_dir = Path(tmp, "pit"), Path(tmp, "online")
-        pit_dir.mkdir()
-        pit_bench(pit_dir, args.entities, args.rows, args.repeat)
-        ties_dir = Path(tmp, "ties")
-        ties_dir.mkdir()
-        pit_ties_bench(ties_dir, args.entities, args.rows, args.repeat)
-        online_bench(online_dir, args.reads)
+        if "pit" in parts:
+            Path(tmp, "pit").mkdir()
+            pit_bench(Path(tmp, "pit"), args.entities, args.rows, args.repeat)
+        if "ties" in parts:
+            Path(tmp, "ties").mkdir()
+            pit_ties_bench(Path(tmp, "ties"), args.entities, args.rows, args.repeat)
+        if "online" in parts:
+            online_bench(Path(tmp, "online"), args.reads)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from servelab.errors import StoreError
+from servelab.errors import ServelabError, StoreError
 from servelab.features.definitions import load_repo
 from servelab.features.example import generate
 from servelab.features.materialization import materialize, parity, to_us
@@ -81,6 +81,33 @@ def test_get_online_features_marks_status(repo_store):
     later = get_online_features(repo, store, ["user_stats:txn_count_7d"], {"user_id": [1]},
                                 to_us(T2) + 3 * 86_400_000_000)
     assert later["txn_count_7d__status"] == ["expired"]  # two-day TTL
+
+
+def test_one_entity_row_equals_the_same_row_in_a_batch(repo_store):
+    """One entity row takes its own path (a prepared one-key read per view, the result
+    built from the row); it must give exactly the batch path's columns for that row:
+    present, missing and expired, with full feature names, and the same errors."""
+    repo, store = repo_store
+    materialize(repo, store, end=T2)
+    refs = ["user_stats:txn_count_7d", "user_stats:country", "merchant_risk:category",
+            "merchant_risk:risk_score"]
+    ents = {"user_id": [1, 100000, 2], "merchant_id": [1, 2, 99999]}
+    for now in (to_us(T2), to_us(T2) + 3 * 86_400_000_000):  # the second: user_stats expired
+        for full in (False, True):
+            batch = get_online_features(repo, store, refs, ents, now, full_feature_names=full)
+            for i in range(3):
+                one = get_online_features(repo, store, refs,
+                                          {k: [v[i]] for k, v in ents.items()}, now,
+                                          full_feature_names=full)
+                assert list(one) == list(batch)
+                assert one == {k: [v[i]] for k, v in batch.items()}
+    statuses = {st for k, v in batch.items() if k.endswith("__status") for st in v}
+    assert statuses == {"present", "missing", "expired"}
+    with pytest.raises(ServelabError, match="merchant_id") as e1:
+        get_online_features(repo, store, refs, {"user_id": [1]}, now)
+    with pytest.raises(ServelabError, match="merchant_id") as e2:
+        get_online_features(repo, store, refs, {"user_id": [1, 2]}, now)
+    assert str(e1.value) == str(e2.value)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -104,6 +104,13 @@ def test_one_key_reads_equal_batch_reads(store_and_view):
             one_cols, one_status = store.read_columns(v, [k], feats, now)
             assert one_status == [statuses[i]]
             assert one_cols == [[c[i]] for c in cols]
+        # The same key twice and no keys at all: a row per key asked for, in order.
+        twice = keys[:1] + keys + keys[:1]
+        assert store.read(v, twice, feats, now) == batch[:1] + batch + batch[:1]
+        assert store.read_columns(v, twice, feats, now) == (
+            [c[:1] + c + c[:1] for c in cols], statuses[:1] + statuses + statuses[:1])
+        assert store.read(v, [], feats, now) == []
+        assert store.read_columns(v, [], feats, now) == ([[] for _ in feats], [])
         if v is view:
             assert [b.status for b in batch] == [Status.PRESENT, Status.EXPIRED,
                                                  Status.MISSING]

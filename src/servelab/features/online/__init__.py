@@ -47,6 +47,8 @@ class OnlineValue(NamedTuple):
 
 def entity_key(key: tuple[Any, ...]) -> str:
     """The stored form of a join-key tuple: compact JSON, the same on every store."""
+    if len(key) == 1 and type(key[0]) is int:  # the commonest key: one whole number
+        return f"[{key[0]}]"
     if all(type(k) is int for k in key):  # the common case, built without the JSON encoder
         return "[" + ",".join(map(str, key)) + "]"
     return json.dumps(list(key), separators=(",", ":"))
@@ -55,6 +57,16 @@ def entity_key(key: tuple[Any, ...]) -> str:
 def oldest_valid_us(view: FeatureView, now_us: int) -> int:
     """The oldest event time still served at `now_us` under the view's TTL (inclusive)."""
     return now_us - round(view.ttl_s * 1e6) if view.ttl_s else -(2**63)
+
+
+def ttl_us(view: FeatureView) -> int | None:
+    """The view's TTL in microseconds, None when values never expire."""
+    return round(view.ttl_s * 1e6) if view.ttl_s else None
+
+
+# One key's prepared read: (key, now_us) -> (the values, typed, or None unless present;
+# the status). Built once per view and feature list by `OnlineStore.one_key_reader`.
+OneKeyRead = Callable[[tuple[Any, ...], int], tuple[Sequence[Any] | None, str]]
 
 
 def _to_str(raw: Any) -> str:
@@ -100,6 +112,11 @@ class OnlineStore(Protocol):
         (what `get_online_features` returns, without a dict per row)."""
         ...
 
+    def one_key_reader(self, view: FeatureView, features: Sequence[str]) -> OneKeyRead:
+        """The read of one key, prepared: the online path's commonest call, with its
+        statement, converters and TTL bound once."""
+        ...
+
     def get_meta(self, name: str) -> str | None: ...
 
     def set_meta(self, name: str, value: str) -> None: ...
@@ -132,23 +149,52 @@ def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
         raise invalid("entities", {k: len(v) for k, v in entities.items()},
                       "the same number of values for every join key",
                       "give one value per entity row for each key")
+    plan = _read_plan(repo, store, features, full_feature_names)
+    if lengths == {1}:  # one entity row: the online path's commonest call
+        return _one_row(plan, entities, now_us)
     out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
-    for step in _read_plan(repo, features, full_feature_names):
-        view, feats, convs, names, status_names, join_keys = step
-        if len(join_keys) == 1:  # the common case, without a tuple comprehension per row
+    for step in plan:
+        if len(step.join_keys) == 1:  # the common case, without a tuple comprehension per row
+            col = entities.get(step.join_keys[0])
+            if col is None:
+                raise _missing_keys(step.view, entities)
+            conv = step.key_convs[0]
+            keys = [(conv(v),) for v in col]
+        else:
+            if not entities.keys() >= set(step.join_keys):
+                raise _missing_keys(step.view, entities)
+            keys = list(zip(*[[c(v) for v in entities[k]]
+                              for c, k in zip(step.key_convs, step.join_keys, strict=True)],
+                            strict=True))
+        cols, statuses = store.read_columns(step.view, keys, step.features, now_us)
+        out.update(zip(step.names, cols, strict=True))
+        out.update(dict.fromkeys(step.status_names, statuses))  # one list per view, shared
+    return out
+
+
+def _one_row(plan: list[_ViewRead], entities: dict[str, list[Any]], now_us: int
+             ) -> dict[str, list[Any]]:
+    """`get_online_features` for one entity row: each view's prepared one-key read, and the
+    result built straight from its row (the same columns as the batch path)."""
+    out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
+    for view, _, key_convs, names, status_names, join_keys, one in plan:
+        if len(join_keys) == 1:
             col = entities.get(join_keys[0])
             if col is None:
                 raise _missing_keys(view, entities)
-            conv = convs[0]
-            keys = [(conv(v),) for v in col]
+            key: tuple[Any, ...] = (key_convs[0](col[0]),)
         else:
             if not entities.keys() >= set(join_keys):
                 raise _missing_keys(view, entities)
-            keys = list(zip(*[[c(v) for v in entities[k]]
-                              for c, k in zip(convs, join_keys, strict=True)], strict=True))
-        cols, statuses = store.read_columns(view, keys, feats, now_us)
-        out.update(zip(names, cols, strict=True))
-        out.update(dict.fromkeys(status_names, statuses))  # one list per view, shared
+            key = tuple([c(entities[k][0]) for c, k in zip(key_convs, join_keys, strict=True)])
+        values, status = one(key, now_us)
+        if values is None:
+            values = (None,) * len(names)
+        for name, v in zip(names, values, strict=True):
+            out[name] = [v]
+        statuses = [status]  # one list per view, shared, as on the batch path
+        for name in status_names:
+            out[name] = statuses
     return out
 
 
@@ -161,18 +207,20 @@ def _missing_keys(view: FeatureView, entities: dict[str, list[Any]]) -> Exceptio
 def columns_from_rows(rows: list[Any], oldest_us: int, n_features: int,
                       convs: list[Callable[[Any], Any]] | None) -> tuple[list[list[Any]],
                                                                          list[str]]:
-    """Per key a stored row (event time, then the values) or None: the feature columns
-    (None where not present) and the status values. `convs` None: values are typed."""
+    """Per key a stored row (event time, then the values): the feature columns (None where
+    not present) and the status values. A key never written is None or a row whose event
+    time is None. `convs` None: values are typed."""
     if len(rows) == 1:  # one entity, the common online read: no transposition
         r = rows[0]
-        if r is not None and r[0] >= oldest_us:
+        if r is not None and r[0] is not None and r[0] >= oldest_us:
             if convs is None:
                 return [[v] for v in r[1:]], [PRESENT]
             return [[None if v is None else c(v)] for c, v in zip(convs, r[1:], strict=True)
                     ], [PRESENT]
-        return [[None] for _ in range(n_features)], [MISSING if r is None else EXPIRED]
-    statuses = [MISSING if r is None else (EXPIRED if r[0] < oldest_us else PRESENT)
-                for r in rows]
+        missing = r is None or r[0] is None
+        return [[None] for _ in range(n_features)], [MISSING if missing else EXPIRED]
+    statuses = [MISSING if r is None or r[0] is None else
+                (EXPIRED if r[0] < oldest_us else PRESENT) for r in rows]
     if _all_present(statuses) and convs is None:  # the hot path
         if not rows:
             return [[] for _ in range(n_features)], statuses
@@ -181,8 +229,9 @@ def columns_from_rows(rows: list[Any], oldest_us: int, n_features: int,
     kept = [r if st is PRESENT else blank for r, st in zip(rows, statuses, strict=True)]
     cols = [list(c) for c in zip(*kept, strict=True)][1:] if kept else \
         [[] for _ in range(n_features)]
-    if convs is not None:
-        cols = [[None if v is None else c(v) for v in col]
+    if convs is not None:  # (map over a column without None: the loop runs in C)
+        cols = [list(map(c, col)) if None not in col else [None if v is None else c(v)
+                                                           for v in col]
                 for c, col in zip(convs, cols, strict=True)]
     return cols, statuses
 
@@ -195,25 +244,37 @@ def _all_present(statuses: list[str]) -> bool:
     return all(st is PRESENT for st in statuses)
 
 
-ReadPlan = list[tuple[FeatureView, tuple[str, ...], list[Callable[[Any], Any]],
-                     list[str], list[str], tuple[str, ...]]]
+class _ViewRead(NamedTuple):
+    """One view's part of a `get_online_features` call, prepared once per feature list and
+    store: its features, key converters, output names and the store's one-key read."""
+
+    view: FeatureView
+    features: tuple[str, ...]
+    key_convs: list[Callable[[Any], Any]]
+    names: list[str]
+    status_names: list[str]
+    join_keys: tuple[str, ...]
+    one: OneKeyRead
 
 
-def _read_plan(repo: Repo, features: list[str], full: bool) -> ReadPlan:
-    """Per view: its features, key converters and output names; kept on the repo."""
-    key = ("online-plan", tuple(features), full)
-    plan: ReadPlan | None = repo.cache.get(key)
-    if plan is None:
-        by_view: dict[str, tuple[FeatureView, list[str]]] = {}
-        for view, feat in repo.resolve(features):
-            by_view.setdefault(view.name, (view, []))[1].append(feat)
-        plan = []
-        for view, feats in by_view.values():
-            names = [f"{view.name}__{f}" if full else f for f in feats]
-            plan.append((view, tuple(feats),
-                         [_key_converter(view, k) for k in view.join_keys],
-                         names, [f"{nm}__status" for nm in names], tuple(view.join_keys)))
-        repo.cache[key] = plan
+def _read_plan(repo: Repo, store: OnlineStore, features: list[str], full: bool
+               ) -> list[_ViewRead]:
+    """Per view: its features, key converters, output names and prepared one-key read;
+    kept on the repo (bounded with its other derived entries) for this store."""
+    key = ("online-plan", tuple(features), full, id(store))
+    hit: tuple[OnlineStore, list[_ViewRead]] | None = repo.cache.get(key)
+    if hit is not None and hit[0] is store:  # (the entry holds its store: an id not reused)
+        return hit[1]
+    by_view: dict[str, tuple[FeatureView, list[str]]] = {}
+    for view, feat in repo.resolve(features):
+        by_view.setdefault(view.name, (view, []))[1].append(feat)
+    plan = []
+    for view, feats in by_view.values():
+        names = [f"{view.name}__{f}" if full else f for f in feats]
+        plan.append(_ViewRead(view, tuple(feats), [_key_converter(view, k) for k in view.join_keys],
+                              names, [f"{nm}__status" for nm in names], tuple(view.join_keys),
+                              store.one_key_reader(view, feats)))
+    repo.cache[key] = (store, plan)
     return plan
 
 

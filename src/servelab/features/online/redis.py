@@ -17,6 +17,10 @@ import redis
 from servelab.errors import StoreError
 from servelab.features.definitions import FeatureView
 from servelab.features.online import (
+    EXPIRED,
+    MISSING,
+    PRESENT,
+    OneKeyRead,
     OnlineRow,
     OnlineValue,
     Status,
@@ -24,6 +28,7 @@ from servelab.features.online import (
     converter,
     entity_key,
     oldest_valid_us,
+    ttl_us,
 )
 
 # KEYS[1] = hash; ARGV = ts, created, n_set, field1, value1, ..., then fields to delete.
@@ -136,6 +141,23 @@ class RedisStore:
         rows = [None if r[0] is None else (int(r[0]), *r[1:]) for r in replies]
         return columns_from_rows(rows, oldest_valid_us(view, now_us), len(features),
                                  [converter(view.dtype(f)) for f in features])
+
+    def one_key_reader(self, view: FeatureView, features: Sequence[str]) -> OneKeyRead:
+        fields = ["_ts", *features]
+        prefix = f"{self.prefix}{view.name}:"
+        convs = [converter(view.dtype(f)) for f in features]
+        hmget, ttl = self.client.hmget, ttl_us(view)
+
+        def read(key: tuple[Any, ...], now_us: int) -> tuple[Sequence[Any] | None, str]:
+            reply = self._guard(hmget, prefix + entity_key(key), fields)
+            if reply[0] is None:
+                return None, MISSING
+            if ttl is not None and int(reply[0]) < now_us - ttl:
+                return None, EXPIRED
+            return [None if v is None else c(v) for c, v in zip(convs, reply[1:], strict=True)
+                    ], PRESENT
+
+        return read
 
     def get_meta(self, name: str) -> str | None:
         v = self._guard(self.client.hget, f"{self.prefix}_meta", name)
