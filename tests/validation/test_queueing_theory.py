@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from servelab.batching.engine import SERVED
 from servelab.batching.simulate import simulate
@@ -29,13 +28,39 @@ def scenario(qps: float, model: dict, instances: int = 1, **batching: object):
     })
 
 
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile, by bisection on its CDF (Simpson's rule over the density;
+    written out so that the suite needs no SciPy, whose import numba's start-up would pay
+    in every process)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t: float, steps: int = 2000) -> float:
+        h = t / steps
+        f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_t_quantile_matches_published_table_values():
+    # t tables (e.g. NIST/SEMATECH e-Handbook, 1.3.6.7.2): df 19 at 0.995: 2.861;
+    # df 1 at 0.975: 12.706; df 10 at 0.95: 1.812.
+    assert t_quantile(0.995, 19) == pytest.approx(2.861, abs=5e-4)
+    assert t_quantile(0.975, 1) == pytest.approx(12.706, abs=5e-4)
+    assert t_quantile(0.95, 10) == pytest.approx(1.812, abs=5e-4)
+
+
 def replicate(s, statistic) -> tuple[float, float]:
     """Mean over replications and the 99% confidence half-width."""
     from dataclasses import replace
 
     vals = [statistic(simulate(replace(s, workload=replace(s.workload, seed=k))))
             for k in range(1, REPLICATIONS + 1)]
-    half = stats.t.ppf(0.995, REPLICATIONS - 1) * np.std(vals, ddof=1) / math.sqrt(REPLICATIONS)
+    half = t_quantile(0.995, REPLICATIONS - 1) * np.std(vals, ddof=1) / math.sqrt(REPLICATIONS)
     return float(np.mean(vals)), float(half)
 
 
