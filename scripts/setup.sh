@@ -20,3 +20,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
     echo "$want" > "$stamp"
 fi
+# Byte-compile servelab's own sources: an editable install is not compiled by pip, and
+# where PYTHONDONTWRITEBYTECODE is set every command would compile them again (about
+# 70 ms of each `servelab` start, measured). Quick when nothing changed.
+.venv/bin/python -m compileall -q src > /dev/null

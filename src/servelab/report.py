@@ -12,6 +12,7 @@ import numpy as np
 
 from servelab.batching.analytic import ClosedForm
 from servelab.batching.simulate import Simulation
+from servelab.order_stats import percentiles_ns
 from servelab.scenario import scenario_to_dict
 
 PERCENTILES = (50, 90, 95, 99)
@@ -34,12 +35,11 @@ class Stat:
 
     @classmethod
     def of_ns(cls, ns: np.ndarray) -> Stat:
-        """The same from int64 nanoseconds, partitioned in place (`ns` is a temporary)."""
+        """The same from int64 nanoseconds, by radix selection (np.percentile's values)."""
         if ns.size == 0:
             return cls(*([float("nan")] * 5))
-        mean_ms = float(ns.mean()) / 1e6
-        p = np.percentile(ns, PERCENTILES, overwrite_input=True) / 1e6
-        return cls(mean_ms, *(float(x) for x in p))
+        mean, p = percentiles_ns(ns, PERCENTILES)
+        return cls(mean / 1e6, *(x / 1e6 for x in p))
 
     @classmethod
     def constant(cls, ms: float) -> Stat:
@@ -201,8 +201,7 @@ def variable_latency_s(sim: Simulation) -> np.ndarray:
     r = sim.records
     served = r.served
     every = bool(served.all())
-    e2e: np.ndarray = ((r.end_ns - r.arrival_ns) if every
-                       else (r.end_ns[served] - r.arrival_ns[served])) / 1e9
+    e2e: np.ndarray = r.served_ns("end_to_end") / 1e9
     lat = sim.scenario.latency
     for part, values in (("feature_fetch", sim.fetch_s), ("network", sim.network_s)):
         if not lat.is_constant(part):
@@ -215,11 +214,10 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
     """All metrics of one simulation, and the plan figures at its GPU count."""
     s, r, svc = sim.scenario, sim.records, sim.service
     counts = r.counts
-    served = r.served
     mbs = s.batching.max_batch_size
     gpu = s.hardware.spec()
 
-    end = int(max(r.arrival_ns.max(initial=0), r.end_ns.max(initial=0)))
+    end = r.last_end_ns()
     duration_s = end / 1e9 if end > 0 else float("nan")
     span_s = r.arrival_ns.max(initial=0) / 1e9
     offered = s.workload.qps if s.workload.trace_csv is None else (
@@ -266,23 +264,18 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
     # Latencies from the int64 nanosecond records, one array at a time (memory: a run of
     # 1e7 requests holds one temporary of 8 bytes a request here, not several floats).
     all_served = counts["served"] == counts["arrivals"]  # the common case: no mask
-
-    def part(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        out: np.ndarray = (a - b) if all_served else (a[served] - b[served])
-        return out
-
     lat = s.latency
     fetch_const = lat.is_constant("feature_fetch")
     net_const = lat.is_constant("network")
     n_served = counts["served"]
-    queue_stat = Stat.of_ns(part(r.start_ns, r.arrival_ns))
-    gpu_stat = Stat.of_ns(part(r.end_ns, r.start_ns))
+    queue_stat = Stat.of_ns(r.served_ns("queue"))
+    gpu_stat = Stat.of_ns(r.served_ns("gpu"))
     fetch_stat = (Stat.constant(lat.feature_fetch_ms) if fetch_const or not n_served
-                  else Stat.of(sim.fetch_s if all_served else sim.fetch_s[served]))
+                  else Stat.of(sim.fetch_s if all_served else sim.fetch_s[r.served]))
     net_stat = (Stat.constant(lat.network_ms) if net_const or not n_served
-                else Stat.of(sim.network_s if all_served else sim.network_s[served]))
+                else Stat.of(sim.network_s if all_served else sim.network_s[r.served]))
     # queue + GPU is completion - arrival, kept in int64 when nothing else varies
-    e2e = (Stat.of_ns(part(r.end_ns, r.arrival_ns)) if fetch_const and net_const
+    e2e = (Stat.of_ns(r.served_ns("end_to_end")) if fetch_const and net_const
            else Stat.of(variable_latency_s(sim)))
     if fetch_const or net_const:  # constants shift every percentile by the same amount
         shift = (lat.feature_fetch_ms if fetch_const else 0.0) + (
@@ -305,7 +298,7 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
     # Throughput is what was served over the span in which it was served (from the start
     # of the run to the last completion): in overload the queue drains long after the last
     # arrival, and the offered rate would overstate it.
-    served_span_s = float(r.end_ns[served].max(initial=0)) / 1e9
+    served_span_s = float(r.batch_end_ns.max(initial=0)) / 1e9
     served_per_s = counts["served"] / served_span_s if served_span_s > 0 else 0.0
     dropped = counts["rejected"] + counts["timed_out"]
     slo, ceiling = s.latency.p99_slo_ms, s.plan.max_busy_fraction
@@ -326,7 +319,7 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
     if svc.kind.value == "profile" and mbs > max(svc.curve_b):
         notes.append(f"profile measured up to batch {max(svc.curve_b):g}; larger batches "
                      "are extrapolated from the last two points")
-    if busy > 0.98 or (counts["arrivals"] and r.end_ns.max() > 1.5e9 * span_s):
+    if busy > 0.98 or (counts["arrivals"] and end > 1.5e9 * span_s):
         notes.append("the instances cannot keep up: the queue grows for the whole run, "
                      "so latency depends on the run's length")
     b = s.batching

@@ -22,7 +22,7 @@ DATA_LIMIT_BYTES = 3 * 1024**3
 
 
 def run_one(argv: list[str]) -> dict[str, object]:
-    from servelab.cli import main
+    from servelab.cli import run_cli as main  # the entry point without its quick exit
 
     out, err = io.StringIO(), io.StringIO()
     code: object = 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from servelab.batching.arrivals import generate_arrivals
+from servelab.batching.arrivals import _running_ns, generate_arrivals
 from servelab.errors import InputError
 from servelab.scenario import scenario_from_dict
 
@@ -67,3 +69,13 @@ def test_trace_errors(tmp_path):
     (tmp_path / "neg.csv").write_text("arrival_s\n-1\n")
     with pytest.raises(InputError, match="finite arrival times >= 0"):
         arrivals(tmp_path, arrival="trace", trace_csv="neg.csv")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5000), st.floats(1e-9, 1e3), st.floats(0.01, 50.0), st.integers(0, 2**32))
+def test_running_sum_in_place_equals_numpy(n, mean_gap_s, shape, seed):
+    """The compiled running sum writes int64 ns over the gaps' buffer; it must give what
+    NumPy's cumsum, scale and rint give, bit for bit."""
+    gaps = np.random.default_rng(seed).gamma(shape, mean_gap_s / shape, n)
+    want = np.rint(np.cumsum(gaps) * 1_000_000_000).astype(np.int64)
+    assert np.array_equal(_running_ns(gaps.copy()), want)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from servelab.errors import InputError, cut, invalid
 from servelab.files import read_text
@@ -69,6 +70,19 @@ def to_ns(seconds: np.ndarray, field: str) -> np.ndarray:
     return ns
 
 
+@njit(cache=True, nogil=True)
+def _running_ns(gaps_s: np.ndarray) -> np.ndarray:
+    """The running sum of gaps (seconds) as int64 ns, written over the gaps' own buffer:
+    the same values as ``np.rint(np.cumsum(gaps) * 1e9).astype(np.int64)`` (a running sum
+    adds in order, as cumsum does) in one pass and no temporary the size of the run."""
+    out = gaps_s.view(np.int64)
+    total = 0.0
+    for i in range(gaps_s.size):
+        total += gaps_s[i]  # read before the same slot is written below
+        out[i] = np.int64(np.rint(total * 1e9))
+    return out
+
+
 def generate_arrivals(w: Workload, rng: np.random.Generator,
                       base_dir: str | Callable[[str, str], Path] | None = ".") -> np.ndarray:
     """Sorted arrival times in ns for the workload (the first arrival is after one gap).
@@ -99,4 +113,4 @@ def generate_arrivals(w: Workload, rng: np.random.Generator,
     else:  # gamma with a coefficient of variation: shape 1/cv^2, same mean
         shape = 1.0 / (w.cv * w.cv)
         gaps = rng.gamma(shape, mean_gap_s / shape, n)
-    return np.rint(np.cumsum(gaps) * NS_PER_S).astype(np.int64)
+    return _running_ns(gaps)

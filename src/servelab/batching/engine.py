@@ -104,10 +104,10 @@ def heap_pop(key: np.ndarray, val: np.ndarray, size: int) -> int:
 @njit(cache=True, nogil=True)
 def start_batch(t: int | np.int64, ids: np.ndarray, lo: int, size: int, nb: int, inst: int,
                 exec_ns: np.ndarray, multiplier: np.ndarray, status: np.ndarray,
-                start: np.ndarray, end: np.ndarray, batch_of: np.ndarray,
-                b_size: np.ndarray, b_start: np.ndarray, b_end: np.ndarray,
-                b_inst: np.ndarray) -> int:
-    """Record batch `nb` of ids[lo:lo + size] starting at t on `inst`; returns its end."""
+                batch_of: np.ndarray, b_size: np.ndarray, b_start: np.ndarray,
+                b_end: np.ndarray, b_inst: np.ndarray) -> int:
+    """Record batch `nb` of ids[lo:lo + size] starting at t on `inst`; returns its end.
+    A request keeps only its status and batch number: its start and end are its batch's."""
     # one multiplier per batch, or a single one for all (deterministic service)
     m = multiplier[nb] if multiplier.size > 1 else multiplier[0]
     dur = max(np.int64(1), np.int64(np.rint(exec_ns[size] * m)))
@@ -115,14 +115,22 @@ def start_batch(t: int | np.int64, ids: np.ndarray, lo: int, size: int, nb: int,
     for j in range(lo, lo + size):
         r = ids[j]
         status[r] = SERVED
-        start[r] = t
-        end[r] = done
         batch_of[r] = nb
     b_size[nb] = size
     b_start[nb] = t
     b_end[nb] = done
     b_inst[nb] = inst
     return int(done)
+
+
+@njit(cache=True, nogil=True)
+def new_records(n: int, batch_cap: int) -> tuple[np.ndarray, ...]:
+    """The engines' outputs, 5 bytes a request and 24 a batch: per request its status
+    (-1 until decided) and batch number (-1 unless served); per batch its size, start,
+    end and instance."""
+    return (np.full(n, -1, np.int8), np.full(n, -1, np.int32), np.zeros(batch_cap, np.int32),
+            np.zeros(batch_cap, np.int64), np.zeros(batch_cap, np.int64),
+            np.zeros(batch_cap, np.int32))
 
 
 @njit(cache=True, nogil=True)  # nogil: the lab runs simulations on threads
@@ -146,10 +154,10 @@ def run_batcher(
     room for ``batch_cap`` batches; a run that needs more stops and returns no batches
     (``simulate_policy`` runs it again with room for one batch per request).
 
-    Returns per request (status, start_ns, end_ns, batch) and per batch
-    (size, start_ns, end_ns, instance). ``end_ns`` is the completion time for
-    a served request, the arrival for a rejected one, the deadline for a
-    timed-out one; ``start_ns`` and ``batch`` are -1 unless served.
+    Returns per request (status, batch) and per batch (size, start_ns, end_ns,
+    instance), the batch arrays as views of their first ``nb`` entries; ``batch`` is
+    -1 unless served. A request's start and end are its batch's (see
+    ``simulate.Records``). Request ids (int32) must be below 2**31.
 
     Instances are kept in two heaps, busy ones by (free time, index) and idle
     ones by index, so a step costs O(log instances): a free instance with the
@@ -159,21 +167,14 @@ def run_batcher(
     pref_floor = np.zeros(max_batch_size + 1, np.int64)
     for k in range(1, max_batch_size + 1):
         pref_floor[k] = k if preferred[k] else pref_floor[k - 1]
-    status = np.full(n, -1, np.int8)
-    start = np.full(n, -1, np.int64)
-    end = np.full(n, -1, np.int64)
-    batch_of = np.full(n, -1, np.int64)
-    b_size = np.zeros(batch_cap, np.int64)
-    b_start = np.zeros(batch_cap, np.int64)
-    b_end = np.zeros(batch_cap, np.int64)
-    b_inst = np.zeros(batch_cap, np.int64)
+    status, batch_of, b_size, b_start, b_end, b_inst = new_records(n, batch_cap)
     busy_t = np.zeros(num_instances, np.int64)  # heap of busy instances: free time, index
     busy_i = np.zeros(num_instances, np.int64)
     n_busy = 0
     idle_i = np.arange(num_instances).astype(np.int64)  # heap of idle indices (sorted = heap)
     idle_k = idle_i.copy()  # the heap's key is the index itself
     n_idle = num_instances
-    queue = np.empty(n, np.int64)
+    queue = np.empty(n, np.int32)
     head = 0
     tail = 0
     nxt = 0  # next arrival
@@ -204,7 +205,6 @@ def run_batcher(
         while nxt < n and arrival_ns[nxt] <= t:
             if max_queue_size > 0 and tail - head >= max_queue_size:
                 status[nxt] = REJECTED
-                end[nxt] = arrival_ns[nxt]
             else:
                 queue[tail] = nxt
                 tail += 1
@@ -219,10 +219,9 @@ def run_batcher(
             inst = heap_pop(idle_k, idle_i, n_idle)  # the idle instance, lowest index
             n_idle -= 1
             if nb == batch_cap:  # out of room: the caller runs again with more
-                return (status, start, end, batch_of, b_size[:0], b_start[:0], b_end[:0],
-                        b_inst[:0])
+                return status, batch_of, b_size[:0], b_start[:0], b_end[:0], b_inst[:0]
             done = start_batch(t, queue, head, size, nb, inst, exec_ns, multiplier, status,
-                               start, end, batch_of, b_size, b_start, b_end, b_inst)
+                               batch_of, b_size, b_start, b_end, b_inst)
             head += size
             heap_push(busy_t, busy_i, n_busy, done, inst)
             n_busy += 1
@@ -230,10 +229,7 @@ def run_batcher(
 
         if timeout_ns > 0:
             while tail > head and arrival_ns[queue[head]] + timeout_ns <= t:
-                r = queue[head]
-                status[r] = TIMED_OUT
-                end[r] = arrival_ns[r] + timeout_ns
+                status[queue[head]] = TIMED_OUT
                 head += 1
 
-    return (status, start, end, batch_of,
-            b_size[:nb].copy(), b_start[:nb].copy(), b_end[:nb].copy(), b_inst[:nb].copy())
+    return status, batch_of, b_size[:nb], b_start[:nb], b_end[:nb], b_inst[:nb]

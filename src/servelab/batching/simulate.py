@@ -24,19 +24,61 @@ class Records:
     """What happened to every request and every batch, as parallel arrays.
 
     Requests: ``status`` is SERVED, REJECTED or TIMED_OUT for every arrival, so
-    ``arrivals == served + rejected + timed_out`` by construction.
+    ``arrivals == served + rejected + timed_out`` by construction; ``batch`` is the
+    served request's batch (-1 otherwise). A request's start and end are its batch's,
+    so they are not stored per request (5 bytes a request instead of 21): ``start_ns``
+    and ``end_ns`` build them when asked.
     """
 
     arrival_ns: np.ndarray
     status: np.ndarray
-    start_ns: np.ndarray
-    end_ns: np.ndarray
     batch: np.ndarray
     batch_size: np.ndarray
     batch_start_ns: np.ndarray
     batch_end_ns: np.ndarray
     batch_instance: np.ndarray
     num_instances: int
+    timeout_ns: int = 0
+
+    @property
+    def start_ns(self) -> np.ndarray:
+        """Each request's batch start (-1 unless served)."""
+        out = np.full(self.status.size, -1, np.int64)
+        served = self.batch >= 0
+        out[served] = self.batch_start_ns[self.batch[served]]
+        return out
+
+    @property
+    def end_ns(self) -> np.ndarray:
+        """Each request's end: its batch's completion when served, its arrival when
+        rejected, its deadline (arrival + timeout) when timed out."""
+        out = self.arrival_ns.copy()
+        served = self.batch >= 0
+        out[served] = self.batch_end_ns[self.batch[served]]
+        out[self.status == TIMED_OUT] += self.timeout_ns
+        return out
+
+    def last_end_ns(self) -> int:
+        """The last instant of the run: the last arrival, completion or deadline."""
+        last = max(int(self.arrival_ns.max(initial=0)), int(self.batch_end_ns.max(initial=0)))
+        if self.timeout_ns:
+            timed_out = self.arrival_ns[self.status == TIMED_OUT]
+            if timed_out.size:
+                last = max(last, int(timed_out.max()) + self.timeout_ns)
+        return last
+
+    def served_ns(self, part: str) -> np.ndarray:
+        """Per served request, in arrival order, a new int64 array of nanoseconds:
+        "queue" (batch start - arrival), "gpu" (batch end - start) or "end_to_end"
+        (batch end - arrival), gathered from the batch arrays."""
+        every = self.batch.size == 0 or int(self.batch.min()) >= 0
+        b = self.batch if every else self.batch[self.batch >= 0]
+        if part == "gpu":
+            gpu: np.ndarray = (self.batch_end_ns - self.batch_start_ns)[b]
+            return gpu
+        out: np.ndarray = (self.batch_start_ns if part == "queue" else self.batch_end_ns)[b]
+        out -= self.arrival_ns if every else self.arrival_ns[self.batch >= 0]
+        return out
 
     @property
     def served(self) -> np.ndarray:
@@ -74,8 +116,11 @@ def simulate_policy(
         raise ValueError("need one service multiplier per possible batch (one per request), "
                          "or one for all")
     n = arrival_ns.size
+    if n >= 2**31:
+        raise ValueError(f"{n:,} requests: the engines number requests in int32, so at most "
+                         f"{2**31 - 1:,} a run")
     # Room for a batch per 4 requests first (any batching fits), not one per request: the
-    # per-batch records are 32 bytes each. A run of smaller batches runs again with room
+    # per-batch records are 24 bytes each. A run of smaller batches runs again with room
     # for one batch per request.
     for batch_cap in (n // 4 + 16, n):
         args = (
@@ -92,11 +137,11 @@ def simulate_policy(
         )
         out = (run_batcher_triton(*args, float(policy.batcher_first), seed % 2**32)
                if policy.closing is Closing.TRITON else run_batcher(*args))
-        status, start, end, batch, b_size, b_start, b_end, b_inst = out
+        status, batch, b_size, b_start, b_end, b_inst = out
         if b_size.size or not (status == SERVED).any():
             break
-    return Records(arrival_ns, status, start, end, batch, b_size, b_start, b_end, b_inst,
-                   num_instances)
+    return Records(arrival_ns, status, batch, b_size, b_start, b_end, b_inst, num_instances,
+                   policy.default_timeout_microseconds * 1000)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

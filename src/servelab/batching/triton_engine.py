@@ -68,6 +68,7 @@ from servelab.batching.engine import (
     TIMED_OUT,
     heap_pop,
     heap_push,
+    new_records,
     start_batch,
 )
 
@@ -156,14 +157,7 @@ def run_batcher_triton(
     pref_floor, pref_above = preference_tables(is_pref, mbs)
     max_pref = pref_floor[mbs]
 
-    status = np.full(n, -1, np.int8)
-    start = np.full(n, -1, np.int64)
-    end = np.full(n, -1, np.int64)
-    batch_of = np.full(n, -1, np.int64)
-    b_size = np.zeros(batch_cap, np.int64)
-    b_start = np.zeros(batch_cap, np.int64)
-    b_end = np.zeros(batch_cap, np.int64)
-    b_inst = np.zeros(batch_cap, np.int64)
+    status, batch_of, b_size, b_start, b_end, b_inst = new_records(n, batch_cap)
     busy_t = np.zeros(num_instances, np.int64)
     busy_i = np.zeros(num_instances, np.int64)
     n_busy = 0
@@ -171,11 +165,14 @@ def run_batcher_triton(
     idle_k = idle_i.copy()
     n_idle = num_instances
 
-    queue = np.empty(n, np.int64)  # request ids in arrival order
-    p_head = 0  # queue[p_head:tail] is the batcher's queue (not yet in a payload)
+    # Request ids in arrival order: queue[p_head:tail] is the batcher's queue (not yet in
+    # a payload). Requests taken into payloads are moved down to queue[:m_tail], in the
+    # order they joined, each payload a segment there (the current one always the last):
+    # m_tail <= p_head always, so the move never overwrites a queued request.
+    queue = np.empty(n, np.int32)
+    p_head = 0
     tail = 0
-    members = np.empty(n, np.int64)  # requests in payloads, in the order they joined;
-    m_tail = 0  # each payload is a segment, the current one always the last
+    m_tail = 0
     slots = 2 * num_instances
     seg_start = np.zeros(slots + 1, np.int64)  # the rate limiter's payload queue (a ring)
     seg_len = np.zeros(slots + 1, np.int64)
@@ -221,7 +218,6 @@ def run_batcher_triton(
         while nxt < n and arrival_ns[nxt] <= t:
             if max_queue_size > 0 and tail - p_head >= max_queue_size:
                 status[nxt] = REJECTED
-                end[nxt] = arrival_ns[nxt]
             else:
                 queue[tail] = nxt
                 tail += 1
@@ -258,11 +254,10 @@ def run_batcher_triton(
                     inst = heap_pop(idle_k, idle_i, n_idle)
                     n_idle -= 1
                     if nb == batch_cap:  # out of room: the caller runs again with more
-                        return (status, start, end, batch_of, b_size[:0], b_start[:0],
-                                b_end[:0], b_inst[:0])
-                    done = start_batch(t, members, s0, size, nb, inst, exec_ns, multiplier,
-                                       status, start, end, batch_of, b_size, b_start, b_end,
-                                       b_inst)
+                        return (status, batch_of, b_size[:0], b_start[:0], b_end[:0],
+                                b_inst[:0])
+                    done = start_batch(t, queue, s0, size, nb, inst, exec_ns, multiplier,
+                                       status, batch_of, b_size, b_start, b_end, b_inst)
                     heap_push(busy_t, busy_i, n_busy, done, inst)
                     n_busy += 1
                     nb += 1
@@ -303,7 +298,8 @@ def run_batcher_triton(
                     seg_len[slot] = take
                     rq_count += 1
                     cp_open = True
-                members[m_tail:m_tail + take] = queue[p_head:p_head + take]
+                for j in range(take):  # ascending: safe where the two ranges overlap
+                    queue[m_tail + j] = queue[p_head + j]
                 m_tail += take
                 p_head += take
                 continue
@@ -320,10 +316,7 @@ def run_batcher_triton(
 
         if timeout_ns > 0:
             while tail > p_head and arrival_ns[queue[p_head]] + timeout_ns <= t:
-                r = queue[p_head]
-                status[r] = TIMED_OUT
-                end[r] = arrival_ns[r] + timeout_ns
+                status[queue[p_head]] = TIMED_OUT
                 p_head += 1
 
-    return (status, start, end, batch_of,
-            b_size[:nb].copy(), b_start[:nb].copy(), b_end[:nb].copy(), b_inst[:nb].copy())
+    return status, batch_of, b_size[:nb], b_start[:nb], b_end[:nb], b_inst[:nb]
