@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
+from servelab.measure.validate import Profile, fitted_rows_ms
 from servelab.scenario import ServiceKind, load_scenario
 from tests.services import free_port, server_process
 
@@ -112,7 +113,13 @@ def test_validate_serve_demo_end_to_end(tmp_path):
     assert prof["outside_ms"]["samples"] == 500
     fitted = load_scenario(tmp_path / "v" / "scenario.toml")
     assert fitted.model.kind is ServiceKind.PROFILE
-    assert dict(fitted.model.points)[32] == pytest.approx(rows_ms[32], rel=1e-3)
+    # The scenario carries the profile: at 32 the 32-row request's time, or, where
+    # batches of 32 one-row requests were measured directly, that time less 32 x the
+    # per-request term (so the simulator reproduces the direct measurement).
+    requests_ms = {int(k): v for k, v in prof["requests_ms"].items()}
+    want = fitted_rows_ms(Profile(rows_ms=rows_ms, requests_ms=requests_ms,
+                                  per_request_ms=prof["per_request_ms"]))
+    assert dict(fitted.model.points) == pytest.approx(want, rel=1e-3)
     assert fitted.batching.max_batch_size == 32
     assert fitted.batching.max_queue_delay_microseconds == 2000
     assert len(fitted.latency.network_samples_ms) == 500
