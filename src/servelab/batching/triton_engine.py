@@ -192,6 +192,30 @@ def run_batcher_triton(
         np.random.seed(seed)
 
     while True:
+        if nxt < n and (blocked or not timer_idle):
+            # Arrivals that only join the queue, enqueued in a tight loop: those before
+            # every other event (a completion, the thread's timer, the head's deadline)
+            # that neither wake the thread (the wake rule below) nor meet a full queue.
+            # The thread is then waiting on a timer or blocked, so nothing else can happen
+            # at them: the state at the next event is what one step each would leave.
+            other = _NEVER
+            if n_busy > 0:
+                other = busy_t[0]
+            if not blocked:
+                other = min(other, timer)
+            if timeout_ns > 0 and tail > p_head:
+                other = min(other, arrival_ns[queue[p_head]] + timeout_ns)
+            while nxt < n and arrival_ns[nxt] < other:
+                if max_queue_size > 0 and tail - p_head >= max_queue_size:
+                    break
+                if rq_count < slots and (saturated or cp_stale
+                                         or tail + 1 - p_head >= next_pref):
+                    break
+                if timeout_ns > 0 and tail == p_head:  # a new head: its deadline counts
+                    other = min(other, arrival_ns[nxt] + timeout_ns)
+                queue[tail] = nxt
+                tail += 1
+                nxt += 1
         q = tail - p_head
         t = _NEVER
         if nxt < n:
