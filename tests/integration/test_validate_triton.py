@@ -63,7 +63,7 @@ def test_validate_against_a_real_triton(tmp_path):
         pytest.skip("no PyTriton venv (scripts/test.sh builds .venv-pytriton)")
     out = run_against_triton(py, lambda port: [
         "validate", "--url", f"http://127.0.0.1:{port}", "--model", "sleep", "--rates",
-        "150,400", "--duration", "5", "--json", "--out", str(tmp_path / "v")])
+        "100,250,400", "--duration", "5", "--json", "--out", str(tmp_path / "v")])
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["policy_source"] == "the server's config"
@@ -76,24 +76,29 @@ def test_validate_against_a_real_triton(tmp_path):
     assert all(v > 2.0 for v in rows.values())  # every batch sleeps 2 ms
     # Triton's Python backend costs something per request beyond the rows
     assert prof["per_request_ms"] > 0.01
+    figures = ("mean_batch", "p50_ms", "p99_ms", "queue_ms", "compute_ms")
     for r in report["rates"]:
         c = r["compare"]
         assert r["measured"]["errors"] == 0
         g = r["given_measured_compute"]
-        print(r["rate_per_s"], {k: c[k]["error"] for k in ("mean_batch", "p50_ms", "compute_ms")},
-              "given compute:", {k: g["compare"][k]["error"] for k in ("mean_batch", "p50_ms")})
+        print(r["rate_per_s"], "whole:", {k: c[k]["error"] for k in figures},
+              "given the run's batch times:", {k: g["compare"][k]["error"] for k in figures})
         # The whole prediction carries the profile's error: this server's time per batch
-        # moved by up to 30% within minutes here (measured), and its p50 with it (+42% and
-        # +60% at one rate in two runs this session), so only a wrong policy or a gross
-        # misfit is caught here ...
+        # under load moved 5-13% from its profile within minutes here (measured), and
+        # near saturation p50 with it (+16% at 400/s in two of three runs, +42% and +60%
+        # in runs of session 5), so only a wrong policy or a gross misfit is caught here
         # (a batch of one, or no delay, would miss by 50-100%; a slow minute reached +25%)
         assert abs(c["mean_batch"]["error"]) < 0.40, c["mean_batch"]
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
-        # ... while the diagnosis, given the run's own compute time per request (which it
-        # matches, as it says), holds the batching model to the batch the server made
+        # ... while the simulator given each batch size's time as the server measured it
+        # in this run (execution times in; batches, queues and latencies out) is held to
+        # the tolerances: mean batch and p50 within 10%, p99 within 20% (nine
+        # points measured over three runs: batch -1.9..-3.6%, p50 -2.0..+6.1%, p99
+        # -7.7..+6.8%)
         assert abs(g["compare"]["compute_ms"]["error"]) < 0.03, g
-        assert abs(g["compare"]["mean_batch"]["error"]) < 0.15, g
-        assert abs(g["compare"]["p50_ms"]["error"]) < 0.25, g
+        assert abs(g["compare"]["mean_batch"]["error"]) < 0.10, g
+        assert abs(g["compare"]["p50_ms"]["error"]) < 0.10, g
+        assert abs(g["compare"]["p99_ms"]["error"]) < 0.20, g
         assert 0.5 <= r["probe_drift"] <= 2.0
 
 

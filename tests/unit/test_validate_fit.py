@@ -55,3 +55,48 @@ def test_a_large_drift_is_noted_in_words():
     [note] = [n for n in notes_for([row]) if "100/s" in n]
     assert "+200%" in note
     assert "quieter machine" in note
+
+
+def _diagnosis_inputs():
+    from servelab.measure.load import Target
+    from servelab.measure.validate import ServerPolicy
+    from servelab.scenario import BatchingPolicy
+
+    t = Target("127.0.0.1", 1, "m")
+    sp = ServerPolicy(BatchingPolicy(max_batch_size=8, max_queue_delay_microseconds=2000), 1,
+                      "flags")
+    prof = Profile(rows_ms={1: 2.0, 2: 2.5, 4: 3.5, 8: 5.5}, per_request_ms=0.1,
+                   outside_ms=np.full(200, 0.5))
+    offsets = np.cumsum(np.random.default_rng(1).exponential(1 / 300, 3000))
+    measured = {"mean_batch": 2.0, "p50_ms": 5.0, "p90_ms": 7.0, "p99_ms": 9.0,
+                "mean_ms": 5.5, "achieved_per_s": 300.0, "server_compute_ms": 3.0}
+    return t, sp, prof, offsets, measured
+
+
+def test_the_diagnosis_takes_each_batch_size_the_run_measured():
+    """Given the run's own time per batch size, the diagnosis simulates with those times:
+    the profile's own times give the plain prediction back; slower ones at the sizes
+    the run made (enough batches of them) slow those sizes and scale the rest."""
+    from servelab.measure.validate import (
+        MIN_RUN_BATCHES,
+        fit_scenario,
+        given_measured_compute,
+        predict,
+    )
+
+    t, sp, prof, offsets, measured = _diagnosis_inputs()
+    plain = predict(fit_scenario(t, sp, prof), offsets, 0)
+    n = MIN_RUN_BATCHES
+    # batches of k one-row requests take rows(k) + k x per_request in the model
+    as_profiled = {1: (n, int(2.1e6 * n)), 2: (n, int(2.7e6 * n))}
+    same = given_measured_compute(t, sp, prof, as_profiled, offsets, 0, measured)
+    assert same["profile_scale"] == pytest.approx(1.0, rel=1e-6)
+    for k in ("mean_batch", "p50_ms", "p99_ms", "compute_ms"):
+        assert same["compare"][k]["predicted"] == pytest.approx(plain[k], rel=1e-4)
+    slower = {1: (n, int(2.1e6 * 1.2 * n)), 2: (n, int(2.7e6 * 1.2 * n)),
+              3: (n - 1, int(1e9 * n))}  # too few batches of 3: not used
+    g = given_measured_compute(t, sp, prof, slower, offsets, 0, measured)
+    assert g["profile_scale"] == pytest.approx(1.2, rel=1e-3)
+    assert set(g["sizes_ms"]) == {"1", "2"}
+    assert g["compare"]["compute_ms"]["predicted"] > plain["compute_ms"] * 1.15
+    assert given_measured_compute(t, sp, prof, {}, offsets, 0, measured) is None
