@@ -7,6 +7,7 @@ limit (413), errors as one JSON line with Triton's status codes.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -39,6 +40,7 @@ from servelab.gateway.join import FeatureJoin
 from servelab.gateway.log import ServedLog
 from servelab.gateway.protocol import build_response, parse_request
 from servelab.gateway.runner import OnnxModel, Timing
+from servelab.gateway.trace import TraceWriter
 from servelab.http import (
     LOOPBACK_HOSTS,
     GuardMiddleware,
@@ -182,7 +184,8 @@ class ServedModel:
 
     def __init__(self, model: OnnxModel, policy: BatchingPolicy, instances: int,
                  metrics: Metrics, join: FeatureJoin | None = None,
-                 log: ServedLog | None = None, drift: DriftMonitor | None = None) -> None:
+                 log: ServedLog | None = None, drift: DriftMonitor | None = None,
+                 trace: TraceWriter | None = None) -> None:
         self.model = model
         self.policy = policy
         self.instances = instances
@@ -203,7 +206,9 @@ class ServedModel:
         self.metrics = metrics
         self.labels = {"model": model.name, "version": "1"}
         self.lock = threading.Lock()
-        self.batcher = AsyncBatcher(policy, instances, self._execute)
+        self.batcher = AsyncBatcher(
+            policy, instances, self._execute,
+            on_request=None if trace is None else functools.partial(trace.add, model.name))
         self.drift = drift
         if drift is not None:
             drift.on_report.append(self._publish_drift)

@@ -191,12 +191,14 @@ class AsyncBatcher:
 
     def __init__(self, policy: BatchingPolicy, num_instances: int,
                  execute: Callable[[list[Any]], list[Any]],
-                 on_batch: Callable[[int, int, int], None] | None = None) -> None:
+                 on_batch: Callable[[int, int, int], None] | None = None,
+                 on_request: Callable[[int, int, int], None] | None = None) -> None:
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
         self.core: BatcherCore[Pending] = BatcherCore(policy, num_instances, self._start)
         self.execute = execute
         self.on_batch = on_batch  # (batch size, queue ns summed, compute ns) per batch
+        self.on_request = on_request  # (queued, started, done ns) per answered request
         self.loop: asyncio.AbstractEventLoop | None = None
         self.work: queue.SimpleQueue[Payload[Pending] | None] = queue.SimpleQueue()
         self.num_instances = num_instances
@@ -223,10 +225,12 @@ class AsyncBatcher:
         assert self.loop is not None
         fut: asyncio.Future[Any] = self.loop.create_future()
         with self.lock:
-            now = self.clock_ns = max(self.now(), self.clock_ns)
+            expired = self._catch_up(self.now())
+            now = self.clock_ns
             if not self.core.arrive(Pending(inputs, fut, now), now):
+                self._expire(expired)
                 return None
-            expired = self.core.step(now)
+            expired += self.core.step(now)
             self.wakeup.notify()
         self._expire(expired)
         self.in_flight += 1
@@ -240,6 +244,26 @@ class AsyncBatcher:
             self.wakeup.notify_all()
         for _ in range(self.num_instances):
             self.work.put(None)
+
+    def _catch_up(self, now: int) -> list[Pending]:
+        """Run the core's timed events that fell due before `now` at their own times, then
+        move the clock to `now` (the caller holds the lock).
+
+        The timer thread's wait can end late (the interpreter lock, a busy machine). An
+        arrival or a completion that comes in the meantime must not be taken as earlier
+        than the deadline: in the rule a batch whose delay expired at t closes with what
+        was queued at t, so the deadline's step runs first, at t."""
+        expired: list[Pending] = []
+        for _ in range(64):  # each round retires one due event; more is a core bug
+            at = self.core.next_event_ns()
+            if at is None or max(at, self.clock_ns) >= now:
+                break
+            self.clock_ns = t = max(at, self.clock_ns)
+            expired += self.core.step(t)
+            if self.core.next_event_ns() == at:  # no progress at t (a blocked thread)
+                break
+        self.clock_ns = max(now, self.clock_ns)
+        return expired
 
     def _answered(self, _f: asyncio.Future[Any]) -> None:
         self.in_flight -= 1
@@ -275,8 +299,9 @@ class AsyncBatcher:
                         late = min(woke - aim, MAX_LEAD_NS)
                         self.lead_ns += (late - self.lead_ns) // 8
                     continue
-                # Due (or within the lead): the core runs the event at its own time.
-                t = max(now, at, self.clock_ns)
+                # Due (or within the lead, or late): the core runs the event at its own
+                # time, never before the latest time it was given.
+                t = max(at, self.clock_ns)
                 self.clock_ns = t
                 expired = self.core.step(t)
                 if expired:
@@ -305,9 +330,10 @@ class AsyncBatcher:
             except Exception as exc:  # the model failed on this batch: each request hears
                 error = exc
             with self.lock:
-                now = self.clock_ns = max(self.now(), self.clock_ns)
+                expired = self._catch_up(self.now())
+                now = self.clock_ns
                 self.core.complete(now)
-                expired = self.core.step(now)  # this instance's next payload, if waiting
+                expired += self.core.step(now)  # this instance's next payload, if waiting
                 self.wakeup.notify()
             self.loop.call_soon_threadsafe(self._deliver, payload, result, error, started,
                                            now, expired)
@@ -324,6 +350,8 @@ class AsyncBatcher:
                 p.future.set_exception(out)
             else:
                 p.future.set_result((out, p.started_ns - p.arrived_ns))
+                if self.on_request is not None:
+                    self.on_request(p.arrived_ns, started, done)
         if self.on_batch is not None:
             self.on_batch(len(payload.items), sum(started - p.arrived_ns for p in payload.items),
                           done - started)

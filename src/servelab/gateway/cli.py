@@ -44,6 +44,12 @@ def serve(
     log_dir: Annotated[Path | None, typer.Option(
         help="Append every served row (keys, features, prediction) to Parquet files here.")
                        ] = None,
+    trace_file: Annotated[Path | None, typer.Option(
+        help="Record each request's queue entry and its batch's start and end in "
+             "Triton's trace format, to PATH.0, PATH.1, ... (500 requests each): "
+             "`servelab replay-trace PATH.*` reads them.")] = None,
+    trace_requests: Annotated[int, typer.Option(
+        help="Stop tracing after this many requests.")] = 1_000_000,
     drift_reference: Annotated[Path | None, typer.Option(
         help="Watch drift: PSI of the served features against this Parquet (the training "
              "set; --demo uses its own), at /metrics and /v2/models/{m}/drift.")] = None,
@@ -132,6 +138,11 @@ def serve(
             raise InputError("--drift-reference: drift is watched on joined features; fix: "
                              "serve with --feature-repo and --feature-service (or --demo)")
         reference = read_side(drift_reference, "--drift-reference", list(join.feature_names))
+    trace = None
+    if trace_file is not None:
+        from servelab.gateway.trace import TraceWriter
+
+        trace = TraceWriter(trace_file, limit=trace_requests)
     metrics = Metrics()
     served = []
     for name, path, pol in specs:
@@ -143,7 +154,7 @@ def serve(
                                    interval_s=drift_interval)
         served.append(ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
                                   join=join, log=(ServedLog(log_dir, name) if log_dir else None),
-                                  drift=monitor))
+                                  drift=monitor, trace=trace))
     app = create_gateway(served, allowed_hosts=allowed_hosts(host, allow_host),
                          metrics=metrics)
     check_can_listen(host, port)
@@ -183,6 +194,8 @@ def serve(
                 sm.drift.close()
         if join is not None:
             join.close()
+        if trace is not None:
+            trace.flush()
         sys.stderr.flush()
 
 
