@@ -71,6 +71,12 @@ class SQLiteStore:
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"[project] sqlite_path = {path!r}: cannot open ({exc}); "
                              "fix: choose a writable path") from exc
+        try:  # many-key reads use json_each (built into SQLite since 3.38, often before)
+            self.con.execute("SELECT count(*) FROM json_each('[]')").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"online store sqlite: this SQLite ({sqlite3.sqlite_version}) "
+                             f"has no JSON functions ({exc}); fix: a Python whose SQLite is "
+                             "3.38 or newer, or online = \"redis\"") from exc
         self._plans: dict[tuple[str, tuple[str, ...], int], Any] = {}
 
     def apply(self, views: list[FeatureView]) -> None:
