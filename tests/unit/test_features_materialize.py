@@ -11,6 +11,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from servelab.errors import ServelabError, StoreError
 from servelab.features.definitions import load_repo
@@ -174,3 +176,51 @@ def test_store_error_type():
 
     with pytest.raises(StoreError):
         RedisStore("redis://127.0.0.1:1/0", "p", timeout_s=0.2)
+
+
+ENTITY_VALUES = st.one_of(st.integers(-5, 300), st.sampled_from(["1", "7", "abc", ""]),
+                          st.floats(allow_nan=True), st.none(), st.booleans())
+
+
+@pytest.fixture(scope="module")
+def sqlite_repo(tmp_path_factory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("fuzz")
+    generate(root, users=50, merchants=10, days=10, labels=50)
+    repo = load_repo(root)
+    store = open_store(repo, "sqlite")
+    materialize(repo, store, end=T2)
+    yield repo, store
+    store.close()
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(
+    st.dictionaries(st.sampled_from(["user_id", "merchant_id", "other"]),
+                    st.lists(ENTITY_VALUES, max_size=3), max_size=3),
+    # both keys, one value each per row, mostly keys that exist (users 1-50, merchants 1-10)
+    st.integers(0, 4).flatmap(lambda n: st.fixed_dictionaries({
+        "user_id": st.lists(st.integers(0, 60), min_size=n, max_size=n),
+        "merchant_id": st.lists(st.integers(0, 12), min_size=n, max_size=n)}))),
+       st.lists(st.sampled_from(["user_stats:txn_count_7d", "merchant_risk:category",
+                                 "service:fraud_model_v1"]), min_size=1, max_size=3),
+       st.booleans())
+def test_get_online_features_takes_any_entity_columns(sqlite_repo, entities, refs, full):
+    """Whatever a caller passes as entity columns: the columns (one value per row, and
+    a row read alone equal to the same row in the batch), or one clear error."""
+    repo, store = sqlite_repo
+    now = to_us(T2)
+    try:
+        out = get_online_features(repo, store, refs, entities, now, full_feature_names=full)
+    except ServelabError as exc:
+        message = str(exc)
+        out = None
+    if out is None:
+        assert "\n" not in message
+        return
+    n = {len(v) for v in entities.values()}.pop()
+    assert all(len(col) == n for col in out.values())
+    for i in range(n):
+        one = get_online_features(repo, store, refs, {k: [v[i]] for k, v in entities.items()},
+                                  now, full_feature_names=full)
+        assert one == {k: [v[i]] for k, v in out.items()}
