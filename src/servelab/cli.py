@@ -536,6 +536,7 @@ def lab(
     import uvicorn
 
     from servelab.http import allowed_hosts, check_can_listen
+    from servelab.lab import background
     from servelab.lab.server import LabConfig, create_app, warm
 
     if data_dir is not None and not data_dir.is_dir():
@@ -557,10 +558,11 @@ def lab(
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            threading.Timer(0.6, _leave).start()
+            threading.Timer(0.6, _quit).start()
             super().handle_exit(sig, frame)
 
-    def _leave() -> None:
+    def _quit() -> None:
+        background.stop()  # the paging worker process goes with the lab
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -571,7 +573,7 @@ def lab(
     except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has stopped
         pass
     finally:
-        _leave()
+        _quit()
 
 
 MAX_SWEEP_POINTS = 1_000

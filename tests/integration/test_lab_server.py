@@ -112,3 +112,34 @@ def test_ctrl_c_stops_within_a_second_during_a_simulation():
         t.join(timeout=60)
         assert elapsed < 1.0, elapsed
         assert proc.returncode == 0
+
+
+def children(pid: int) -> set[int]:
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out.update(int(c) for c in text)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_leaves_no_worker_process_behind():
+    """The paging replay runs in a spawned worker process (the lab warms it before it
+    listens). The lab leaves with os._exit, which runs no exit handlers: before the fix
+    the worker (and multiprocessing's resource tracker) outlived it, one pair per lab."""
+    with lab_process() as (proc, _url):
+        kids = children(proc.pid)
+        assert kids, "the lab started no worker process"
+        proc.send_signal(signal.SIGINT)  # the lab alone, not its process group
+        proc.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while any(alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [k for k in kids if alive(k)], "a worker outlived the lab"

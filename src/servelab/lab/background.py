@@ -8,9 +8,10 @@ them; at most `MAX_WAITING` replays wait, so no page can queue unbounded work.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import multiprocessing.pool
 import threading
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from servelab.errors import ServelabError
@@ -20,7 +21,7 @@ from servelab.scenario import Scenario
 MAX_WAITING = 4
 
 _lock = threading.Lock()
-_executor: ProcessPoolExecutor | None = None
+_pool: multiprocessing.pool.Pool | None = None
 _slots = threading.BoundedSemaphore(MAX_WAITING)
 
 
@@ -31,20 +32,32 @@ class BusyError(ServelabError):
 def replay(s: Scenario, requests: int, max_len: int, prefix_tokens: int,
            pool_tokens: int) -> dict[str, Any]:
     """`run_paging` in the worker process; its report as JSON-able data (no series)."""
-    global _executor
+    global _pool
     if not _slots.acquire(blocking=False):
         raise BusyError(f"paging replay: {MAX_WAITING} already waiting; fix: retry in a few "
                    "seconds")
     try:
         with _lock:
-            if _executor is None:
-                _executor = ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            executor = _executor
-        return executor.submit(_replay, s, requests, max_len, prefix_tokens,
-                               pool_tokens).result()
+            if _pool is None:
+                _pool = multiprocessing.get_context("spawn").Pool(1)
+                atexit.register(stop)  # a process that exits normally ends it too
+            pool = _pool
+        out: dict[str, Any] = pool.apply_async(
+            _replay, (s, requests, max_len, prefix_tokens, pool_tokens)).get()
+        return out
     finally:
         _slots.release()
+
+
+def stop() -> None:
+    """End the worker process now, a replay still running with it: the lab is leaving.
+    (The lab leaves with os._exit, which runs no exit handlers, so without this the
+    worker would outlive it.)"""
+    global _pool
+    with _lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.terminate()
 
 
 def _replay(s: Scenario, requests: int, max_len: int, prefix_tokens: int,
