@@ -71,13 +71,14 @@ class Records:
         """Per served request, in arrival order, a new int64 array of nanoseconds:
         "queue" (batch start - arrival), "gpu" (batch end - start) or "end_to_end"
         (batch end - arrival), gathered from the batch arrays."""
-        every = self.batch.size == 0 or int(self.batch.min()) >= 0
-        b = self.batch if every else self.batch[self.batch >= 0]
+        served = None if self.batch.size == 0 or int(self.batch.min()) >= 0 else (
+            self.batch >= 0)  # None: every request was served, no mask needed
+        b = self.batch if served is None else self.batch[served]
         if part == "gpu":
             gpu: np.ndarray = (self.batch_end_ns - self.batch_start_ns)[b]
             return gpu
         out: np.ndarray = (self.batch_start_ns if part == "queue" else self.batch_end_ns)[b]
-        out -= self.arrival_ns if every else self.arrival_ns[self.batch >= 0]
+        out -= self.arrival_ns if served is None else self.arrival_ns[served]
         return out
 
     @property
