@@ -54,14 +54,15 @@ def entity_key(key: tuple[Any, ...]) -> str:
     return json.dumps(list(key), separators=(",", ":"))
 
 
-def oldest_valid_us(view: FeatureView, now_us: int) -> int:
-    """The oldest event time still served at `now_us` under the view's TTL (inclusive)."""
-    return now_us - round(view.ttl_s * 1e6) if view.ttl_s else -(2**63)
-
-
 def ttl_us(view: FeatureView) -> int | None:
     """The view's TTL in microseconds, None when values never expire."""
     return round(view.ttl_s * 1e6) if view.ttl_s else None
+
+
+def oldest_valid_us(view: FeatureView, now_us: int) -> int:
+    """The oldest event time still served at `now_us` under the view's TTL (inclusive)."""
+    ttl = ttl_us(view)
+    return now_us - ttl if ttl is not None else -(2**63)
 
 
 # One key's prepared read: (key, now_us) -> (the values, typed, or None unless present;
