@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from servelab.errors import ServelabError, StoreError
@@ -205,6 +205,7 @@ def sqlite_repo(tmp_path_factory):  # type: ignore[no-untyped-def]
        st.lists(st.sampled_from(["user_stats:txn_count_7d", "merchant_risk:category",
                                  "service:fraud_model_v1"]), min_size=1, max_size=3),
        st.booleans())
+@example({"user_id": [0], "merchant_id": [float("inf")]}, ["merchant_risk:category"], False)
 def test_get_online_features_takes_any_entity_columns(sqlite_repo, entities, refs, full):
     """Whatever a caller passes as entity columns: the columns (one value per row, and
     a row read alone equal to the same row in the batch), or one clear error."""

@@ -289,7 +289,7 @@ def _key_converter(view: FeatureView, key: str) -> Callable[[Any], Any]:
             return value
         try:
             return want(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             raise invalid(f"entity {key}", value, f"a {dtype} value",
                           f"give {key} as a {'whole number' if want is int else 'string'}"
                           ) from None
