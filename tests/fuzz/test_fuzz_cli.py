@@ -155,7 +155,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("drift",): ["--features", "--timestamp", "--window", "--bins", "--epsilon", "--warn",
                  "--alert", "--fail-on"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
-                    "--instances", "--model", "--url", "--seed", "--out", "--batcher-first"],
+                    "--instances", "--model", "--url", "--seed", "--out", "--batcher-first",
+                    "--server-cpus", "--client-cpus", "--no-calibrate"],
     ("replay-trace",): ["--max-batch-size", "--max-queue-delay-us", "--instances",
                         "--preferred-batch-size", "--model", "--scenario-out"],
 }

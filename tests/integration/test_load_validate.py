@@ -110,6 +110,7 @@ def test_validate_serve_demo_end_to_end(tmp_path):
     # than 1, but far less than 32 times as long.
     assert rows_ms[1] < rows_ms[32] < 8 * rows_ms[1]
     assert prof["per_request_ms"] >= 0
+    assert prof["calibration"] is None  # not asked for
     assert prof["outside_ms"]["samples"] == 500
     fitted = load_scenario(tmp_path / "v" / "scenario.toml")
     assert fitted.model.kind is ServiceKind.PROFILE
@@ -138,6 +139,30 @@ def test_validate_serve_demo_end_to_end(tmp_path):
         g = r["given_measured_compute"]
         assert abs(g["compare"]["compute_ms"]["error"]) < 0.03, g
         assert 0.5 <= r["probe_drift"] <= 2.0
+        assert "closed_loop_profile" not in r
+
+
+@pytest.mark.slow
+def test_validate_calibrates_its_profile_under_open_loop_load_when_asked():
+    out = subprocess.run(
+        [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates", "100",
+         "--duration", "2", "--calibrate", "--json"],
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["saturation_per_s"] > 0  # the search ran, for the calibration alone
+    closed, prof = report["closed_loop_profile"], report["profile"]
+    assert closed["calibration"] is None
+    cal = prof["calibration"]
+    # the saturation search's open-loop steps ran batches of one-row requests; each size
+    # run often enough is taken as measured, less its per-request term
+    assert cal["batches"]
+    assert all(n >= 20 for n in cal["batches"].values())
+    for k, ms in cal["sizes_ms"].items():
+        assert prof["rows_ms"][k] == pytest.approx(ms - int(k) * prof["per_request_ms"])
+    [r] = report["rates"]
+    assert set(r["closed_loop_profile"]) == set(r["compare"])  # the uncalibrated one too
+    assert any("calibrated under open-loop load" in n for n in report["notes"])
 
 
 def test_load_replays_a_trace_and_sweeps_a_rate_range(tmp_path):

@@ -100,3 +100,101 @@ def test_the_diagnosis_takes_each_batch_size_the_run_measured():
     assert set(g["sizes_ms"]) == {"1", "2"}
     assert g["compare"]["compute_ms"]["predicted"] > plain["compute_ms"] * 1.15
     assert given_measured_compute(t, sp, prof, {}, offsets, 0, measured) is None
+
+
+def test_the_profile_is_calibrated_by_the_batches_the_server_ran_under_load():
+    """The prediction's profile: each batch size the open-loop calibration ran often
+    enough is taken as measured (less its per-request term), the others are the
+    closed-loop profile scaled by the count-weighted ratio at the sizes seen."""
+    from servelab.measure.validate import MIN_RUN_BATCHES, fitted_rows_ms, under_load
+
+    prof = Profile(rows_ms={1: 2.0, 2: 2.5, 4: 3.5, 8: 5.5}, per_request_ms=0.1,
+                   outside_ms=np.full(200, 0.5), probe=Probe((2.0,)))
+    n = MIN_RUN_BATCHES
+    # 3 n batches of 1 at 1.4 ms (profile: 2.1), n of 3 at 2.55 ms (profile: 3.0 + 0.3)
+    seen = {1: (3 * n, int(1.4e6 * 3 * n)), 3: (n, int(2.55e6 * n)),
+            5: (n - 1, int(9e6 * (n - 1)))}  # too few batches of 5: not taken
+    cal = under_load(prof, seen)
+    scale = (3 * n * 1.4 + n * 2.55) / (3 * n * 2.1 + n * 3.3)
+    assert cal.calibration["profile_scale"] == pytest.approx(scale)
+    assert cal.calibration["batches"] == {"1": 3 * n, "3": n}
+    rows = fitted_rows_ms(cal)
+    assert rows[1] == pytest.approx(1.4 - 0.1)
+    assert rows[3] == pytest.approx(2.55 - 0.3)
+    assert rows[8] == pytest.approx(5.5 * scale)
+    assert 5 not in rows
+    assert cal.per_request_ms == prof.per_request_ms
+    assert cal.outside_ms is prof.outside_ms
+    assert cal.probe is prof.probe
+    # nothing run often enough: the closed-loop profile itself
+    assert under_load(prof, {2: (n - 1, 10**9)}) is prof
+    assert under_load(prof, {}) is prof
+    assert "calibrated under open-loop load" in " ".join(notes_for([], cal))
+
+
+def _search(monkeypatch, keeps_up_below: float, closed: float = 1000.0):
+    """The saturation search against a server that keeps up below a rate: its steps'
+    rates, and what it returns."""
+    import servelab.measure.validate as v
+
+    class Closed:
+        def summary(self):
+            return {"achieved_per_s": closed}
+
+    steps: list[float] = []
+    stats: dict[int, tuple[int, int]] = {1: (0, 0)}
+
+    def measure_rate(t, bodies, rate, n, seed, conns):
+        steps.append(rate)
+        ok = rate < keeps_up_below
+        c, ns = stats[1]
+        stats[1] = (c + 100, ns + 100 * 2_000_000)  # 100 batches of 1 at 2 ms each step
+        return {"achieved_per_s": rate if ok else 0.5 * rate, "p50_ms": 5.0,
+                "p50_growth": 1.0}
+
+    monkeypatch.setattr(v, "_closed", lambda *a: Closed())
+    monkeypatch.setattr(v, "measure_rate", measure_rate)
+    monkeypatch.setattr(v, "batch_stats", lambda t: dict(stats))
+    monkeypatch.setattr(v, "random_bodies", lambda *a, **k: [b"x"])
+    sp = v.ServerPolicy(v.BatchingPolicy(max_batch_size=8), 1, "flags")
+    return steps, v.saturation(None, {}, sp, 5.0)
+
+
+def test_the_saturation_search_steps_up_and_keeps_what_it_kept_up_with(monkeypatch):
+    steps, (sat, closed, kept) = _search(monkeypatch, keeps_up_below=560)
+    assert steps == pytest.approx([300, 400, 500, 600])
+    assert sat == pytest.approx(500)
+    assert closed == 1000
+    assert kept == {1: (300, 300 * 2_000_000)}  # the three steps it kept up with
+
+
+def test_the_saturation_search_steps_down_when_even_the_first_step_falls_behind(
+        monkeypatch):
+    steps, (sat, _, kept) = _search(monkeypatch, keeps_up_below=100)
+    assert steps == pytest.approx([300, 150, 75])
+    assert sat == pytest.approx(75)
+    assert kept == {1: (100, 100 * 2_000_000)}  # only the step at 75/s
+    steps, (sat, _, kept) = _search(monkeypatch, keeps_up_below=1)
+    assert steps == pytest.approx([300, 150, 75, 37.5])
+    assert kept == {}  # nothing kept up: no calibration
+
+
+def test_a_queue_that_grows_through_a_run_shows_in_its_p50_growth():
+    from servelab.measure.loadgen import LoadResult
+
+    n = 3000
+    intended = np.arange(n, dtype=np.int64) * 1_000_000
+    ok = np.full(n, 200)
+    steady = LoadResult(intended, intended, intended + 5_000_000, ok)
+    assert steady.p50_growth() == pytest.approx(1.0)
+    growing = LoadResult(intended, intended, intended + 5_000_000 + np.arange(n) * 10_000, ok)
+    assert growing.p50_growth() > 3  # 5 -> 35 ms through the run
+    # order by intended time, not by position; too few answers say nothing
+    rev = LoadResult(intended[::-1], intended[::-1], (intended + 5_000_000 + np.arange(n)
+                                                       * 10_000)[::-1], ok)
+    assert rev.p50_growth() == pytest.approx(growing.p50_growth())
+    few = LoadResult(intended[:20], intended[:20], intended[:20] + 5, ok[:20])
+    assert few.p50_growth() == 1.0
+    failed = LoadResult(intended, intended, intended + 5, np.zeros(n, dtype=np.int64))
+    assert failed.p50_growth() == 1.0
+    assert steady.summary()["p50_growth"] == pytest.approx(1.0)

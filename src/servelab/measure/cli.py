@@ -243,6 +243,18 @@ def validate(
              "validation.html (predicted vs measured against the rate) in this folder.")
                    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for arrivals and inputs.")] = 0,
+    calibrate: Annotated[bool, typer.Option(
+        help="Recalibrate the closed-loop profile by the batch times the server showed "
+             "under open-loop load (the saturation search's steps, run before any measured "
+             "rate; with --rates the search runs for this alone). For a server whose speed "
+             "differs between a closed loop and open-loop traffic; on a machine the client "
+             "shares, the search's heavy steps can make it worse.")] = False,
+    server_cpus: Annotated[str | None, typer.Option(
+        help="With --serve: run the gateway on these CPUs alone (e.g. 0-3), as taskset -c "
+             "would.")] = None,
+    client_cpus: Annotated[str | None, typer.Option(
+        help="Run validate itself (the load generator) on these CPUs alone (e.g. 8-15): "
+             "apart from the server's, the two no longer compete.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
                        ] = False,
 ) -> None:
@@ -256,7 +268,12 @@ def validate(
 
     from servelab.errors import InputError
     from servelab.measure.load import metadata, parse_url
-    from servelab.measure.process import free_port, server_process
+    from servelab.measure.process import (
+        free_port,
+        parse_cpus,
+        pin_this_process,
+        server_process,
+    )
     from servelab.measure.validate import (
         TOLERANCE,
         fit_scenario,
@@ -265,6 +282,7 @@ def validate(
         profile_server,
         read_policy,
         saturation,
+        under_load,
         verdict,
         write_html,
     )
@@ -283,6 +301,15 @@ def validate(
         grid = parse_rates(rates)
     if out is not None and out.exists() and not out.is_dir():
         raise invalid("--out", str(out), "a folder", "give a folder name")
+    if server_cpus is not None and serve is None:
+        raise invalid("--server-cpus", server_cpus, "--serve (validate starts that server)",
+                      "pin a server you started yourself with taskset -c, or use --serve")
+    pinned = {k: sorted(parse_cpus(f"--{k}-cpus", v))
+              for k, v in (("server", server_cpus), ("client", client_cpus)) if v is not None}
+    if len(pinned) == 2 and set(pinned["server"]) & set(pinned["client"]):
+        raise invalid("--client-cpus", client_cpus, "CPUs apart from --server-cpus "
+                      f"{server_cpus}", "give the load generator other CPUs")
+
     def say(message: str) -> None:
         if not as_json:
             stderr.print(message, highlight=False, markup=False)
@@ -310,11 +337,15 @@ def validate(
                 if v is not None:
                     cmd += [flag, str(v)]
             say(f"validate: starting servelab serve on port {port}...")
-            stack.enter_context(server_process(cmd, f"http://127.0.0.1:{port}/v2/health/ready"))
+            stack.enter_context(server_process(
+                cmd, f"http://127.0.0.1:{port}/v2/health/ready",
+                cpus=frozenset(pinned["server"]) if "server" in pinned else None))
             url = f"http://127.0.0.1:{port}"
         assert url is not None
         target = parse_url(url, name)
         meta = metadata(target)
+        if "client" in pinned:  # once the server answers: a refused run pins nothing
+            pin_this_process(frozenset(pinned["client"]))
         sp = read_policy(target, {"max_batch_size": max_batch_size,
                                   "max_queue_delay_us": max_queue_delay_us,
                                   "instances": instances})
@@ -324,26 +355,39 @@ def validate(
             f"max_queue_delay {p.max_queue_delay_microseconds} us, preferred "
             f"{list(p.preferred_batch_size) or 'none'}, {sp.instances} instance(s) "
             f"(from {sp.source})")
-        prof = profile_server(target, meta, sp, seed=seed, say=say)
-        fit = fit_scenario(target, sp, prof)
+        closed_prof = profile_server(target, meta, sp, seed=seed, say=say)
         sat = closed = None
-        if grid is None:
-            sat, closed = saturation(target, meta, sp, float(np.median(prof.low_load_ms)),
-                                     seed=seed, say=say)
+        calibration: dict[int, tuple[int, int]] = {}
+        if grid is None or calibrate:
+            sat, closed, calibration = saturation(
+                target, meta, sp, float(np.median(closed_prof.low_load_ms)), seed=seed,
+                say=say)
             say(f"validate: open-loop saturation about {sat:.0f} requests/s")
+        if grid is None:
+            assert sat is not None
             grid = [round(sat * f, -1) or round(sat * f, 1) for f in (0.2, 0.5, 0.8)]
+        prof = under_load(closed_prof, calibration) if calibrate else closed_prof
+        if prof.calibration is not None:
+            c = prof.calibration
+            say(f"validate: profile calibrated under open-loop load: batch sizes "
+                f"{', '.join(c['sizes_ms'])} as measured, the closed-loop profile "
+                f"x{c['profile_scale']:.3f} elsewhere")
+        fit = fit_scenario(target, sp, prof)
         rows = []
         for k, rate in enumerate(grid):
             n = max(200, min(int(rate * duration), 2_000_000))
             say(f"validate: {rate:g}/s, {n:,} requests...")
-            rows.append(measure_and_predict(target, meta, sp, prof, rate, n, seed + k))
+            rows.append(measure_and_predict(
+                target, meta, sp, prof, rate, n, seed + k,
+                closed_loop=closed_prof if prof is not closed_prof else None))
     ok, misses = verdict(rows)
     report: dict[str, Any] = {
-        "model": name, "url": target.base, "policy_source": sp.source,
+        "model": name, "url": target.base, "policy_source": sp.source, "cpus": pinned,
         "saturation_per_s": sat, "closed_loop_per_s": closed, "profile": prof.to_dict(),
+        **({"closed_loop_profile": closed_prof.to_dict()} if prof is not closed_prof else {}),
         "rates": rows,
         "tolerance": dict(TOLERANCE),
-        "within_tolerance": ok, "misses": misses, "notes": notes_for(rows)}
+        "within_tolerance": ok, "misses": misses, "notes": notes_for(rows, prof)}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "scenario.toml").write_text(scenario_to_toml(fit))

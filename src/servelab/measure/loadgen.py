@@ -50,6 +50,21 @@ class LoadResult:
         late: np.ndarray = (self.sent_ns - self.intended_ns) / 1e6
         return late
 
+    def p50_growth(self) -> float:
+        """Median latency of the last third of the run (by intended send time) over the
+        first third's: about 1 for a server that keeps up, growing through the run for
+        one whose queue builds (an open loop past saturation). 1 with too few answers."""
+        order = np.argsort(self.intended_ns, kind="stable")
+        ok = (self.status == 200)[order]
+        lat = ((self.done_ns - self.intended_ns)[order] / 1e6)
+        third = order.size // 3
+        if third < 10:
+            return 1.0
+        first, last = lat[:third][ok[:third]], lat[-third:][ok[-third:]]
+        if first.size < 10 or last.size < 10:
+            return 1.0
+        return float(np.median(last) / max(np.median(first), 1e-9))
+
     def summary(self) -> dict[str, float | int]:
         lat = self.latency_ms
         span = (self.done_ns.max() - self.intended_ns.min()) / 1e9 if self.done_ns.size else 0
@@ -64,6 +79,7 @@ class LoadResult:
             "p99_ms": float(q[3]),
             "behind_p99_ms": float(np.percentile(self.behind_ms, 99)) if self.status.size
             else 0.0,
+            "p50_growth": self.p50_growth(),
         }
 
 

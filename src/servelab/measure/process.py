@@ -14,6 +14,48 @@ from collections.abc import Iterator
 
 from servelab.errors import StoreError
 
+MAX_CPU_LIST = 200  # characters of a CPU list such as 0-3,8-11
+
+
+def parse_cpus(field: str, text: str) -> frozenset[int]:
+    """A CPU list as taskset and cpuset take it ("0-3,8,10-11"), checked against the CPUs
+    this process may run on, so a pinned run never silently runs elsewhere."""
+    from servelab.errors import invalid
+
+    allowed = sorted(os.sched_getaffinity(0))
+    fix = f"CPUs this process may use, e.g. {allowed[0]}-{allowed[-1]}"
+    if not isinstance(text, str) or not 0 < len(text) <= MAX_CPU_LIST:
+        raise invalid(field, text, f"a CPU list such as 0-3,8 (at most {MAX_CPU_LIST} "
+                      "characters)", fix)
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        digits = lo.isascii() and lo.isdigit() and (not sep or (hi.isascii() and hi.isdigit()))
+        if not digits or len(part) > 12:  # isdigit alone takes '¹', which int() refuses
+            raise invalid(field, text, "a CPU list such as 0-3,8", fix)
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if a > b or b > allowed[-1]:
+            raise invalid(field, text, f"CPUs from {allowed[0]} to {allowed[-1]}, low before "
+                          "high", fix)
+        cpus.update(range(a, b + 1))
+    missing = cpus.difference(allowed)
+    if missing:
+        raise invalid(field, text, "CPUs this process may run on "
+                      f"({len(allowed)} of them)", f"{fix}; not {sorted(missing)[:8]}")
+    return frozenset(cpus)
+
+
+def pin_this_process(cpus: frozenset[int]) -> None:
+    """Run every thread of this process, and every one it starts later, on `cpus` alone
+    (Linux sets affinity per thread; new threads inherit their creator's)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -23,17 +65,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server_process(cmd: list[str], ready_url: str, timeout_s: float = 60.0,
-                   env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+                   env: dict[str, str] | None = None, cpus: frozenset[int] | None = None
+                   ) -> Iterator[subprocess.Popen[bytes]]:
     """A server command started as a user starts it, yielded once `ready_url` answers 200;
     stopped afterwards with everything it started (SIGTERM to its process group, then
     SIGKILL): a server that runs another server (PyTriton runs tritonserver) leaves
     nothing behind. Its stderr goes to a file (a chatty server never blocks on a full
-    pipe) and is in the error if it dies."""
+    pipe) and is in the error if it dies. With `cpus` it runs on those CPUs alone, set
+    before it starts so every thread it makes inherits them (as `taskset -c` does)."""
     import httpx
 
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=pin)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
