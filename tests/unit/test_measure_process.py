@@ -95,3 +95,27 @@ def test_pinning_this_process_covers_threads_it_already_had():
         pin_this_process(frozenset(before))
         t.join()
     assert os.sched_getaffinity(0) == before
+
+
+def test_cpu_use_reads_the_hypervisors_steal_apart_from_busy():
+    from servelab.measure.load import cpu_times, cpu_use
+
+    # 10 s on 4 CPUs: 20 CPU-s busy (steal included, as /proc/stat counts it), 2 stolen
+    use = cpu_use((0.0, 1.0, 100.0, 5.0, 4), (10.0, 3.0, 120.0, 7.0, 4))
+    assert use["client_cpu_cores"] == pytest.approx(0.2)
+    assert use["host_cpu_busy"] == pytest.approx(0.5)
+    assert use["host_cpu_steal"] == pytest.approx(0.05)
+    a = cpu_times()
+    b = cpu_times()
+    assert 0.0 <= cpu_use(a, b).get("host_cpu_steal", 0.0) <= 1.0
+
+
+def test_steal_is_noted_in_words():
+    from servelab.measure.validate import Profile, notes_for
+
+    row = {"rate_per_s": 250.0, "measured": {"host_cpu_steal": 0.12}}
+    notes = notes_for([row], Profile(host_cpu_steal=0.08))
+    assert any("250/s the hypervisor gave 12%" in n for n in notes)
+    assert any("while profiling, the hypervisor gave 8%" in n for n in notes)
+    assert not any("hypervisor" in n for n in notes_for(
+        [{"rate_per_s": 1.0, "measured": {"host_cpu_steal": 0.01}}], Profile()))

@@ -106,11 +106,11 @@ def test_the_profile_is_calibrated_by_the_batches_the_server_ran_under_load():
     """The prediction's profile: each batch size the open-loop calibration ran often
     enough is taken as measured (less its per-request term), the others are the
     closed-loop profile scaled by the count-weighted ratio at the sizes seen."""
-    from servelab.measure.validate import MIN_RUN_BATCHES, fitted_rows_ms, under_load
+    from servelab.measure.validate import MIN_CALIBRATION_BATCHES, fitted_rows_ms, under_load
 
     prof = Profile(rows_ms={1: 2.0, 2: 2.5, 4: 3.5, 8: 5.5}, per_request_ms=0.1,
                    outside_ms=np.full(200, 0.5), probe=Probe((2.0,)))
-    n = MIN_RUN_BATCHES
+    n = MIN_CALIBRATION_BATCHES
     # 3 n batches of 1 at 1.4 ms (profile: 2.1), n of 3 at 2.55 ms (profile: 3.0 + 0.3)
     seen = {1: (3 * n, int(1.4e6 * 3 * n)), 3: (n, int(2.55e6 * n)),
             5: (n - 1, int(9e6 * (n - 1)))}  # too few batches of 5: not taken

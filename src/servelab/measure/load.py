@@ -128,32 +128,39 @@ def entity_bodies(meta: dict[str, Any], path: str, n: int) -> list[bytes]:
         for c in names]}).encode() for i in range(min(n, rows))]
 
 
-def cpu_times() -> tuple[float, float, float, int]:
-    """(wall s, this process's CPU s, the machine's busy CPU s, CPUs); the machine's
-    figures from Linux's /proc/stat (0 where there is none)."""
+CpuTimes = tuple[float, float, float, float, int]
+
+
+def cpu_times() -> CpuTimes:
+    """(wall s, this process's CPU s, the machine's busy CPU s, CPU s its hypervisor took
+    (steal), CPUs); the machine's figures from Linux's /proc/stat (0 where there is none)."""
     import os
     import resource
     import time
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    busy = 0.0
+    busy = steal = 0.0
     try:
         with open("/proc/stat") as fh:
             f = [float(x) for x in fh.readline().split()[1:]]
-        busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
+        tick = os.sysconf("SC_CLK_TCK")
+        busy = (sum(f[:8]) - f[3] - f[4]) / tick  # all but idle, iowait
+        steal = f[7] / tick if len(f) > 7 else 0.0
     except (OSError, ValueError, IndexError):
-        busy = 0.0
-    return time.monotonic(), ru.ru_utime + ru.ru_stime, busy, os.cpu_count() or 1
+        busy = steal = 0.0
+    return time.monotonic(), ru.ru_utime + ru.ru_stime, busy, steal, os.cpu_count() or 1
 
 
-def cpu_use(a: tuple[float, float, float, int], b: tuple[float, float, float, int]
-            ) -> dict[str, float]:
-    """How busy the machine's CPUs were over a run, and how many cores the load generator
-    itself used: on one machine the client competes with the server for them."""
+def cpu_use(a: CpuTimes, b: CpuTimes) -> dict[str, float]:
+    """How busy the machine's CPUs were over a run, how much of their time the hypervisor
+    gave to other machines (steal: on a shared virtual machine that time stalls the
+    server and the client alike), and how many cores the load generator itself used: on
+    one machine the client competes with the server for them."""
     wall = max(b[0] - a[0], 1e-9)
     out = {"client_cpu_cores": (b[1] - a[1]) / wall}
     if b[2] > 0:
-        out["host_cpu_busy"] = min((b[2] - a[2]) / wall / b[3], 1.0)
+        out["host_cpu_busy"] = min((b[2] - a[2]) / wall / b[4], 1.0)
+        out["host_cpu_steal"] = min(max((b[3] - a[3]) / wall / b[4], 0.0), 1.0)
     return out
 
 

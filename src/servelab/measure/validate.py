@@ -59,6 +59,8 @@ import numpy as np
 from servelab.errors import InputError, StoreError, cut
 from servelab.measure.load import (
     Target,
+    cpu_times,
+    cpu_use,
     measure_rate,
     random_bodies,
     server_stats,
@@ -92,10 +94,17 @@ SATURATION_SECONDS = 2.0  # of load per step while looking for saturation
 # at 80% of that then fell 186 ms behind).
 SATURATION_GROWTH = 1.5
 MIN_BATCHES = 5  # executions of one size before its mean is a profile point
-MIN_RUN_BATCHES = 20  # executions of one size in a loaded run before the diagnosis uses it
+# Executions of one size in a loaded run before the diagnosis uses its time (5 was
+# tried: sizes seen 5-19 times carried stalls into it, compute missing by 7-38%).
+MIN_RUN_BATCHES = 20
+MIN_CALIBRATION_BATCHES = 20  # the same for calibrating the profile that predicts
 PROBE_REQUESTS = 80  # one-row requests, one client, per probe (about 0.3-0.5 s)
 PROBE_GROUPS = 8  # the probe's figure is the median of this many groups' means
 PROBE_SETTLE_S = 1.0  # pause before a probe, after a loaded run
+STEAL_NOTE = 0.02  # a note when the hypervisor took more of the CPUs' time than this
+WARM_GROUP = 20  # one-row requests per warm-up group
+WARM_STEADY = 0.05  # warm once two groups' one-row batch times agree within this
+WARM_MAX_S = 5.0  # ... or after this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +218,7 @@ class Profile:
     # Set when the curve came from open-loop calibration runs (see `under_load`): the
     # batch sizes they ran, their times, and the closed-loop profile's scale elsewhere.
     calibration: dict[str, Any] | None = None
+    host_cpu_steal: float | None = None  # share of the CPUs' time the hypervisor took
 
     def to_dict(self) -> dict[str, Any]:
         o = self.outside_ms
@@ -223,6 +233,7 @@ class Profile:
             "server_ms_at_low_load": self.server_ms,
             "probe_ms": None if self.probe is None else self.probe.exec_ms,
             "calibration": self.calibration,
+            "host_cpu_steal": self.host_cpu_steal,
         }
 
 
@@ -237,15 +248,14 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
     """Measure the per-batch-size profile, the per-request cost and the outside time."""
     mbs = sp.policy.max_batch_size
     prof = Profile()
+    cpu0 = cpu_times()
     if batch_stats(t) is None:
         raise InputError(
             f"--url = {t.base}: the server gives no per-batch-size statistics "
             f"(GET /v2/models/{t.model}/stats with Triton's batch_stats), so validate cannot "
             "profile the model's execution time; fix: serve it with Triton or servelab serve")
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
-    # Warm up: the first executions of a fresh session (allocations, caches) are not the
-    # model's time.
-    _closed(t, one, 1, 20)
+    prof.notes.extend(warm_up(t, one))
     # Rows: one client, requests of b rows.
     for b in _sizes(mbs):
         bodies = [x for x in random_bodies(meta, 8, seed + b, rows=b) if isinstance(x, bytes)]
@@ -311,6 +321,7 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
         f"mean {prof.outside_ms.mean():.3f} ms, p99 {np.percentile(prof.outside_ms, 99):.3f}"
         f" ms ({lat.size} requests)")
     prof.probe = probe(t, one)
+    prof.host_cpu_steal = cpu_use(cpu0, cpu_times()).get("host_cpu_steal")
     return prof
 
 
@@ -377,6 +388,31 @@ def probe(t: Target, one: list[bytes], n: int = PROBE_REQUESTS) -> Probe | None:
             groups.append(d[1][1] / d[1][0] / 1e6)
         before = after
     return Probe(tuple(groups)) if len(groups) >= PROBE_GROUPS // 2 else None
+
+
+def warm_up(t: Target, one: list[bytes]) -> list[str]:
+    """One-row requests, one client, in groups of WARM_GROUP until two groups in a row
+    take the same time per batch within WARM_STEADY, or WARM_MAX_S passes: the first
+    executions of a fresh server (allocations, caches, a just-started backend's own
+    work) are not the model's time. Measured: a real Triton's first profile in a test
+    run read 65% slower than the same server a minute later, where 20 requests of
+    warm-up had been the rule. A note if it never settled."""
+    deadline = time.monotonic() + WARM_MAX_S
+    last = None
+    before = batch_stats(t)
+    while time.monotonic() < deadline:
+        _closed(t, one, 1, WARM_GROUP)
+        after = batch_stats(t)
+        d = _delta(before or {}, after or {})
+        before = after
+        if 1 not in d:
+            return []  # no statistics per size: nothing to settle on
+        now = d[1][1] / d[1][0]
+        if last is not None and abs(now - last) <= WARM_STEADY * last:
+            return []
+        last = now
+    return [f"the server's one-row batch time had not settled after {WARM_MAX_S:g} s of "
+            "warm-up; the profile may read slow"]
 
 
 def fitted_rows_ms(prof: Profile) -> dict[int, float]:
@@ -524,14 +560,14 @@ def drift_scale(prof: Profile, now: Probe | None) -> float:
     return now.exec_ms / prof.probe.exec_ms
 
 
-def with_sizes(prof: Profile, counts: dict[int, tuple[int, int]]
+def with_sizes(prof: Profile, counts: dict[int, tuple[int, int]], min_batches: int
                ) -> tuple[Profile, dict[str, Any]] | None:
     """`prof` with the time of each batch size the server ran (`counts`: executions and
-    compute ns per size, batches of one-row requests, sizes seen MIN_RUN_BATCHES times or
+    compute ns per size, batches of one-row requests, sizes seen `min_batches` times or
     more) in place of its own, and its other sizes scaled by the count-weighted ratio of
     measured to profiled time at the sizes seen (`profile_scale`). None if none was seen
     often enough."""
-    seen = {k: ns / cnt / 1e6 for k, (cnt, ns) in counts.items() if cnt >= MIN_RUN_BATCHES}
+    seen = {k: ns / cnt / 1e6 for k, (cnt, ns) in counts.items() if cnt >= min_batches}
     if not seen:
         return None
     base = fitted_rows_ms(prof)
@@ -547,7 +583,8 @@ def with_sizes(prof: Profile, counts: dict[int, tuple[int, int]]
     for k, ms in seen.items():
         rows[k] = max(ms - per_req * k, 1e-6)  # the measured time for k requests
     out = Profile(rows_ms=rows, per_request_ms=per_req, outside_ms=prof.outside_ms,
-                  low_load_ms=prof.low_load_ms, server_ms=prof.server_ms, probe=prof.probe)
+                  low_load_ms=prof.low_load_ms, server_ms=prof.server_ms, probe=prof.probe,
+                  notes=list(prof.notes), host_cpu_steal=prof.host_cpu_steal)
     info = {"sizes_ms": {str(k): v for k, v in sorted(seen.items())},
             "batches": {str(k): weight[k] for k in sorted(seen)}, "profile_scale": scale}
     return out, info
@@ -562,7 +599,7 @@ def under_load(prof: Profile, calibration: dict[int, tuple[int, int]]) -> Profil
     (validate --client-cpus apart from --server-cpus): on one, one-row batches took
     2.0-2.5 ms closed-loop and 1.66 ms under open-loop load; on two others the two agreed
     within 3%. Unchanged when the calibration ran no size often enough."""
-    got = with_sizes(prof, calibration)
+    got = with_sizes(prof, calibration, MIN_CALIBRATION_BATCHES)
     if got is None:
         return prof
     out, info = got
@@ -581,7 +618,7 @@ def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
     out. What still misses then is the batching model or the time outside; what this
     recovers was the service-time profile (on this shared machine the server's speed
     under load moves 5-13% from its profile, measured)."""
-    got = with_sizes(prof, in_run)
+    got = with_sizes(prof, in_run, MIN_RUN_BATCHES)
     if got is None:
         return None
     run_prof, info = got
@@ -626,6 +663,12 @@ def notes_for(rows: list[dict[str, Any]], prof: Profile | None = None) -> list[s
         "the time outside the server (client, HTTP, parsing) is measured at low load and "
         "does not grow with the rate in the simulator",
     ]
+    if prof is not None:
+        notes.extend(prof.notes)
+        if (prof.host_cpu_steal or 0) > STEAL_NOTE:
+            notes.append(f"while profiling, the hypervisor gave {prof.host_cpu_steal:.0%} of "
+                         "this virtual machine's CPU time to others (steal): the profile "
+                         "may read slow; measure on a machine of your own")
     if prof is not None and prof.calibration is not None:
         c = prof.calibration
         notes.append("the profile was calibrated under open-loop load (the saturation "
@@ -652,6 +695,11 @@ def notes_for(rows: list[dict[str, Any]], prof: Profile | None = None) -> list[s
             notes.append(f"at {r['rate_per_s']:g}/s the load generator fell behind (p99 "
                          f"{r['measured']['behind_p99_ms']:.1f} ms late): the client, not "
                          "only the server, shapes that row")
+        steal = r["measured"].get("host_cpu_steal") or 0
+        if steal > STEAL_NOTE:
+            notes.append(f"at {r['rate_per_s']:g}/s the hypervisor gave {steal:.0%} of this "
+                         "virtual machine's CPU time to others (steal), stalling client and "
+                         "server at random: measure on a machine of your own")
         busy = r["measured"].get("host_cpu_busy")
         if busy is not None and busy > HOST_BUSY_NOTE:
             notes.append(f"at {r['rate_per_s']:g}/s this machine's CPUs were {busy:.0%} busy "
