@@ -197,3 +197,21 @@ def test_load_replays_a_trace_and_sweeps_a_rate_range(tmp_path):
             assert r.returncode == 1, (bad, r.stderr)
             assert r.stderr.count("\n") == 1
             assert "Traceback" not in r.stderr
+
+
+def test_validate_refuses_a_server_that_fails_every_request():
+    """A backend that runs and then errors still counts executions in Triton's
+    statistics; profiling them would fit the simulator to failures. validate stops at
+    the first closed loop with no answer and says what the server said."""
+    port, proc = stub("--delay-ms", "1", "--failing")
+    with proc:
+        val = subprocess.run([sys.executable, "-m", "servelab", "validate", "--url",
+                              f"http://127.0.0.1:{port}", "--model", "stub", "--json"],
+                             capture_output=True, text=True, timeout=120)
+    assert val.returncode == 1
+    assert val.stdout == ""
+    assert val.stderr.count("\n") == 1, val.stderr
+    assert "Traceback" not in val.stderr
+    assert "was answered" in val.stderr
+    assert "http 500" in val.stderr
+    assert "stub: the model failed" in val.stderr

@@ -238,8 +238,27 @@ class Profile:
 
 
 def _closed(t: Target, bodies: list[bytes], clients: int, n: int) -> Any:
+    """A closed loop of `clients` sending `n` requests; refused when none was answered
+    (a server that fails every request still counts its executions, and profiling them
+    would fit the simulator to failures)."""
     reqs = [http_request(t.host, t.port, f"/v2/models/{t.model}/infer", b) for b in bodies]
-    return asyncio.run(run_closed_loop(t.host, t.port, reqs, clients, n))
+    res = asyncio.run(run_closed_loop(t.host, t.port, reqs, clients, n))
+    if n and not (res.status == 200).any():
+        raise StoreError(f"--url = {t.base}: none of {n} requests to {t.model!r} was "
+                         f"answered; errors by reason: {cut(str(dict(res.errors)), 200)}; "
+                         f"one again said: {_answer_to(t, bodies[0])}; fix: check the "
+                         "server's log")
+    return res
+
+
+def _answer_to(t: Target, body: bytes) -> str:
+    """The server's answer to one request, cut short: what a failing server says."""
+    try:
+        r = httpx.post(f"{t.base}/v2/models/{t.model}/infer", content=body, timeout=10,
+                       headers={"Content-Type": "application/json"})
+    except httpx.HTTPError as exc:
+        return cut(f"{type(exc).__name__}: {exc}", 200)
+    return cut(f"HTTP {r.status_code} {r.text}", 200).replace("\n", " ")
 
 
 def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
