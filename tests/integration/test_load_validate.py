@@ -15,7 +15,7 @@ import pytest
 from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
 from servelab.measure.validate import Profile, fitted_rows_ms
 from servelab.scenario import ServiceKind, load_scenario
-from tests.services import free_port, server_process
+from tests.services import free_port, judged_on_quiet_runs, server_process
 
 STUB = str(Path(__file__).resolve().parent.parent / "stub_v2.py")
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
@@ -95,14 +95,40 @@ def test_load_command_on_a_server_without_statistics_and_validate_says_what_it_l
         assert "no per-batch-size statistics" in val.stderr
 
 
+def demo_misses(report: dict) -> list[str]:
+    """Loose bounds (the README records the real figures): a simulator fitted wrongly
+    (policy, profile, outside time) misses these by far; and the diagnosis matches the
+    run's own compute time per request, as it says."""
+    misses = []
+    for r in report["rates"]:
+        c, g = r["compare"], r["given_measured_compute"]["compare"]
+        for k, e, tol in (("mean_batch", c["mean_batch"]["error"], 0.25),
+                          ("p50_ms", c["p50_ms"]["error"], 0.25),
+                          ("given compute_ms", g["compute_ms"]["error"], 0.03)):
+            if not abs(e) < tol:
+                misses.append(f"{r['rate_per_s']:g}/s {k} {e:+.1%} (±{tol:.0%})")
+    return misses
+
+
 @pytest.mark.slow
 def test_validate_serve_demo_end_to_end(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates", "100,400",
-         "--duration", "4", "--out", str(tmp_path / "v"), "--json"],
-        capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    """What validate reads and fits is checked on every run; the prediction on runs
+    where the CPUs were quiet (tests/services.py: judged_on_quiet_runs)."""
+    def run(attempt: int) -> dict:
+        out_dir = tmp_path / f"v{attempt}"
+        out = subprocess.run(
+            [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates",
+             "100,400", "--duration", "4", "--out", str(out_dir), "--json"],
+            capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        report = json.loads(out.stdout)
+        check_demo_report(report, out_dir)
+        return report
+
+    judged_on_quiet_runs(run, demo_misses)
+
+
+def check_demo_report(report: dict, out_dir: Path) -> None:
     prof = report["profile"]
     rows_ms = {int(k): v for k, v in prof["rows_ms"].items()}
     assert sorted(rows_ms) == [1, 2, 4, 8, 16, 32]
@@ -112,7 +138,7 @@ def test_validate_serve_demo_end_to_end(tmp_path):
     assert prof["per_request_ms"] >= 0
     assert prof["calibration"] is None  # not asked for
     assert prof["outside_ms"]["samples"] == 500
-    fitted = load_scenario(tmp_path / "v" / "scenario.toml")
+    fitted = load_scenario(out_dir / "scenario.toml")
     assert fitted.model.kind is ServiceKind.PROFILE
     # The scenario carries the profile: at 32 the 32-row request's time, or, where
     # batches of 32 one-row requests were measured directly, that time less 32 x the
@@ -124,20 +150,12 @@ def test_validate_serve_demo_end_to_end(tmp_path):
     assert fitted.batching.max_batch_size == 32
     assert fitted.batching.max_queue_delay_microseconds == 2000
     assert len(fitted.latency.network_samples_ms) == 500
-    assert (tmp_path / "v" / "validation.html").stat().st_size > 1000
-    assert (tmp_path / "v" / "plotly.min.js").exists()  # the page opens offline
+    assert (out_dir / "validation.html").stat().st_size > 1000
+    assert (out_dir / "plotly.min.js").exists()  # the page opens offline
     assert [r["rate_per_s"] for r in report["rates"]] == [100, 400]
     for r in report["rates"]:
-        c = r["compare"]
         assert r["measured"]["errors"] == 0
-        assert c["throughput_per_s"]["error"] == pytest.approx(0, abs=0.05)
-        # Loose bounds (CI machines are noisy; the README records the real figures): a
-        # simulator fitted wrongly (policy, profile, outside time) misses these by far.
-        assert abs(c["mean_batch"]["error"]) < 0.25, c
-        assert abs(c["p50_ms"]["error"]) < 0.25, c
-        # the diagnosis matches the run's own compute time per request, as it says
-        g = r["given_measured_compute"]
-        assert abs(g["compare"]["compute_ms"]["error"]) < 0.03, g
+        assert r["compare"]["throughput_per_s"]["error"] == pytest.approx(0, abs=0.05)
         assert 0.5 <= r["probe_drift"] <= 2.0
         assert "closed_loop_profile" not in r
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from servelab.errors import StoreError
-from tests.services import free_port_run, server_process
+from tests.services import free_port_run, judged_on_quiet_runs, server_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "triton_sleep_server.py"
@@ -56,10 +56,6 @@ def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: st
     raise AssertionError("unreachable")
 
 
-QUIET_STEAL = 0.03  # a run is judged when the hypervisor took at most this share of CPU
-ATTEMPTS = 3
-
-
 def fidelity_misses(report: dict) -> list[str]:
     """Where the prediction misses: the whole one's mean batch by 40% or more (a wrong
     policy or a gross misfit), or the simulator given each batch size's time as the
@@ -78,13 +74,6 @@ def fidelity_misses(report: dict) -> list[str]:
     return misses
 
 
-def steal_of(report: dict) -> float:
-    """The largest share of CPU time the hypervisor took in any phase of the run."""
-    phases = [report["profile"].get("host_cpu_steal")] + [
-        r["measured"].get("host_cpu_steal") for r in report["rates"]]
-    return max((x for x in phases if x is not None), default=0.0)
-
-
 @pytest.mark.slow
 def test_validate_against_a_real_triton(tmp_path):
     """Every run is checked for what validate read and fitted. The prediction is judged
@@ -97,22 +86,17 @@ def test_validate_against_a_real_triton(tmp_path):
     py = pytriton_python()
     if py is None:
         pytest.skip("no PyTriton venv (scripts/test.sh builds .venv-pytriton)")
-    tried: list[tuple[float, list[str]]] = []
-    for attempt in range(ATTEMPTS):
-        out = run_against_triton(py, lambda port, a=attempt: [
+
+    def run(attempt: int) -> dict:
+        out = run_against_triton(py, lambda port: [
             "validate", "--url", f"http://127.0.0.1:{port}", "--model", "sleep", "--rates",
-            "100,250,400", "--duration", "5", "--json", "--out", str(tmp_path / f"v{a}")])
+            "100,250,400", "--duration", "5", "--json", "--out", str(tmp_path / f"v{attempt}")])
         assert out.returncode == 0, out.stderr[-3000:]
         report = json.loads(out.stdout)
         check_report(report, tmp_path / f"v{attempt}")
-        tried.append((steal_of(report), fidelity_misses(report)))
-        print(f"run {attempt + 1}: steal {tried[-1][0]:.1%}, misses {tried[-1][1]}")
-        if not tried[-1][1]:
-            return
-    quiet = [t for t in tried if t[0] <= QUIET_STEAL]
-    assert not quiet, f"runs with the CPUs quiet missed: {quiet} (all runs: {tried})"
-    print(f"not judged: the hypervisor took {min(t[0] for t in tried):.0%} or more of the "
-          f"CPUs' time in every run: {tried}")
+        return report
+
+    judged_on_quiet_runs(run, fidelity_misses)
 
 
 def check_report(report: dict, out: Path) -> None:
