@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-from servelab.errors import StoreError
+from servelab.errors import StoreError, invalid
 
 MAX_CPU_LIST = 200  # characters of a CPU list such as 0-3,8-11
 
@@ -20,8 +20,6 @@ MAX_CPU_LIST = 200  # characters of a CPU list such as 0-3,8-11
 def parse_cpus(field: str, text: str) -> frozenset[int]:
     """A CPU list as taskset and cpuset take it ("0-3,8,10-11"), checked against the CPUs
     this process may run on, so a pinned run never silently runs elsewhere."""
-    from servelab.errors import invalid
-
     allowed = sorted(os.sched_getaffinity(0))
     fix = f"CPUs this process may use, e.g. {allowed[0]}-{allowed[-1]}"
     if not isinstance(text, str) or not 0 < len(text) <= MAX_CPU_LIST:
