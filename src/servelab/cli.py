@@ -284,7 +284,8 @@ app.add_typer(llm_app, name="llm")
 _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "max_num_batched_tokens": "llm.max_num_batched_tokens",
              "rate": "llm.request_rate", "num_requests": "llm.num_requests",
-             "arrival": "llm.arrival", "prompt_tokens": "llm.prompt_tokens",
+             "arrival": "llm.arrival", "max_concurrency": "llm.max_concurrency",
+             "prompt_tokens": "llm.prompt_tokens",
              "prompt_tokens_p99": "llm.prompt_tokens_p99",
              "output_tokens": "llm.output_tokens", "output_tokens_p99": "llm.output_tokens_p99",
              "replicas": "llm.replicas", "chunked_prefill": "llm.enable_chunked_prefill",
@@ -325,7 +326,8 @@ def _llm_workload(llm: LlmPool, seed: int) -> Any:
     from servelab.llm.serving import Workload
 
     return Workload(request_rate=llm.request_rate, num_requests=llm.num_requests,
-                    arrival=llm.arrival, prompt_tokens=llm.prompt_tokens,
+                    arrival=llm.arrival, max_concurrency=llm.max_concurrency,
+                    prompt_tokens=llm.prompt_tokens,
                     prompt_tokens_p99=llm.prompt_tokens_p99, output_tokens=llm.output_tokens,
                     output_tokens_p99=llm.output_tokens_p99, seed=seed)
 
@@ -366,6 +368,10 @@ def llm_simulate(
     rate: RateOpt = None, num_requests: LlmNReqOpt = None,
     arrival: Annotated[str | None, typer.Option(
         help="poisson or constant ([llm] arrival, default poisson).")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(
+        help="A closed loop: at most this many requests out at once, each sent when one "
+        "finishes, as `vllm bench serve --max-concurrency` (with --rate inf: all ready at "
+        "once). Default 0: open loop.")] = None,
     prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
     chunked_prefill: Annotated[bool | None, typer.Option(
@@ -378,7 +384,7 @@ def llm_simulate(
     prefix_hit_share: Annotated[float | None, typer.Option(
         help="Share of requests that start with the shared prefix.")] = None,
     compute_efficiency: Annotated[float, typer.Option(
-        help="Share of peak FLOPs a prefill reaches.")] = 0.5,
+        help="Share of peak FLOPs a prefill reaches.")] = 0.7,
     memory_efficiency: Annotated[float, typer.Option(
         help="Share of HBM bandwidth a decode reaches.")] = 0.8,
     overhead_ms: Annotated[float, typer.Option(help="Scheduler/launch time per step.")] = 0.5,

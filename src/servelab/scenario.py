@@ -222,9 +222,10 @@ class LlmPool:
     gpu_memory_gb: float | None = None
     weights_gb: float | None = None
     # Serving (`servelab llm simulate|plan`): the workload, the scheduler's switches, SLOs.
-    request_rate: float = 5.0  # requests per second over all replicas
+    request_rate: float = 5.0  # requests per second over all replicas (inf: all at once)
     num_requests: int = 2000
     arrival: str = "poisson"  # poisson or constant
+    max_concurrency: int = 0  # > 0: at most this many requests out (vLLM bench's closed loop)
     prompt_tokens: float = 512.0  # mean; with a p99 the lengths are log-normal
     prompt_tokens_p99: float | None = None
     output_tokens: float = 256.0
@@ -327,6 +328,15 @@ def _finite(v: int | float) -> bool:
         return math.isfinite(float(v))
     except OverflowError:
         return False
+
+
+def _rate(name: str, v: Any) -> float:
+    """Requests per second: above 0 and at most 1e6, or inf (every request at once, which
+    only a closed loop, max_concurrency > 0, can pace)."""
+    if isinstance(v, float) and v == math.inf:
+        return v
+    return _num(0, 1e6, strict_lo=True, fix=f"set {name} to a number > 0 and <= 1e6, or "
+                "inf with max_concurrency")(name, v)
 
 
 def _int(lo: int, hi: int, fix: str = "") -> Callable[[str, Any], int]:
@@ -566,7 +576,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "max_num_seqs": _int(1, 1_000_000),
         "gpu_memory_gb": _opt(_num(0, 1e6, strict_lo=True)),
         "weights_gb": _opt(_num(0, 1e9)),
-        "request_rate": _num(0, 1e6, strict_lo=True),
+        "request_rate": _rate,
+        "max_concurrency": _int(0, 100_000),
         "num_requests": _int(1, 1_000_000),
         "arrival": _choice("poisson", "constant"),
         "prompt_tokens": _num(1, 10_000_000),

@@ -103,12 +103,65 @@ def test_lognormal_lengths_hit_their_mean_and_p99():
         lognormal_lengths(500, 400, 10, np.random.default_rng(0), "--prompt-tokens")
 
 
+def test_a_closed_loop_of_one_sends_each_request_when_the_last_finishes():
+    # vllm bench serve --max-concurrency 1 --request-rate inf: all three are ready at 0
+    one = step_ms(500) + 10 * step_ms(1)  # prefill, then ten 1 ms decodes
+    r = simulate_serving(reqs([0.0, 0.0, 0.0], [500] * 3, [11] * 3),
+                         SchedulerConfig(num_blocks=1000), FLAT, max_concurrency=1)
+    assert (r.sent_s * 1e3).tolist() == pytest.approx([0.0, one, 2 * one])
+    # each is timed from its send, so each looks like a request alone
+    assert (r.ttft_s * 1e3).tolist() == pytest.approx([step_ms(500)] * 3)
+    assert (r.e2e_s * 1e3).tolist() == pytest.approx([one] * 3)
+    assert r.end_s * 1e3 == pytest.approx(3 * one)
+
+
+def test_a_closed_loop_sends_no_earlier_than_the_drawn_time():
+    # a slot frees at 15 ms, but the second request is only drawn at 40 ms
+    r = simulate_serving(reqs([0.0, 0.040], [500, 500], [11, 11]),
+                         SchedulerConfig(num_blocks=1000), FLAT, max_concurrency=1)
+    assert r.sent_s.tolist() == pytest.approx([0.0, 0.040])
+    # ...and a request rejected on arrival frees its slot at once
+    r = simulate_serving(reqs([0.0, 0.0], [5000, 500], [11, 11]),
+                         SchedulerConfig(num_blocks=100, block_size=16), FLAT,
+                         max_concurrency=1)
+    assert r.rejected.tolist() == [True, False]
+    assert r.sent_s.tolist() == [0.0, 0.0]
+
+
+def test_a_closed_loop_of_two_keeps_two_requests_out():
+    w = Workload(request_rate=math.inf, num_requests=6, prompt_tokens=500, output_tokens=11,
+                 max_concurrency=2)
+    req = w.draw()
+    assert (req.arrival_s == 0).all()
+    r = simulate_serving(req, SchedulerConfig(num_blocks=1000), FLAT, max_concurrency=2)
+    # the pair prefill together (1,000 tokens: 10 ms) then decode together
+    pair = step_ms(1000) + 10 * step_ms(2)
+    assert (r.sent_s * 1e3).tolist() == pytest.approx([0, 0, pair, pair, 2 * pair, 2 * pair])
+    with pytest.raises(Exception, match="--rate"):
+        Workload(request_rate=math.inf, num_requests=6).draw()  # inf needs a closed loop
+    with pytest.raises(Exception, match="--max-concurrency"):
+        Workload(request_rate=1, max_concurrency=-1).draw()
+
+
+def _out_at_once(sent: np.ndarray, end: np.ndarray) -> int:
+    """The most requests out at any instant (a send at the instant of an end counts after
+    it: the slot is passed on; times within a nanosecond are one instant, as an end time
+    here is a send plus a latency, rounded)."""
+    events = [(round(float(t), 9), 1) for t in sent] + [(round(float(t), 9), -1) for t in end]
+    most = cur = 0
+    for _, d in sorted(events, key=lambda e: (e[0], e[1])):
+        cur += d
+        most = max(most, cur)
+    return most
+
+
 @settings(max_examples=120, deadline=None)
 @given(n=st.integers(1, 40), blocks=st.integers(1, 300), block=st.sampled_from([1, 4, 16]),
        seqs=st.integers(1, 8), budget=st.integers(1, 512), chunked=st.booleans(),
-       prefix=st.booleans(), seed=st.integers(0, 10_000))
+       prefix=st.booleans(), seed=st.integers(0, 10_000), clients=st.integers(0, 6))
 def test_every_request_is_served_or_counted_and_the_pool_holds(n, blocks, block, seqs,
-                                                              budget, chunked, prefix, seed):
+                                                              budget, chunked, prefix, seed,
+                                                              clients):
     rng = np.random.default_rng(seed)
     req = reqs(np.sort(rng.uniform(0, 0.05, n)), rng.integers(1, 200, n),
                rng.integers(1, 50, n), rng.random(n) < 0.5)
@@ -116,13 +169,19 @@ def test_every_request_is_served_or_counted_and_the_pool_holds(n, blocks, block,
                           max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
                           enable_prefix_caching=prefix, prefix_tokens=32,
                           prefix_hit_share=0.5)
-    r = simulate_serving(req, cfg, FLAT)
+    r = simulate_serving(req, cfg, FLAT, max_concurrency=clients)
     served = ~r.rejected
     assert np.isfinite(r.e2e_s[served]).all()  # every request finishes or is counted
     assert (r.generated[served] == req.output[served]).all()  # tokens made = tokens asked
     assert (r.kv_blocks <= blocks).all()
     assert (r.ttft_s[served] > 0).all()
     assert (r.e2e_s[served] >= r.ttft_s[served]).all()
+    assert (r.sent_s >= req.arrival_s - 1e-12).all()  # never sent before it is drawn
+    if clients:  # a closed loop never has more than its clients out
+        end = np.where(served, r.sent_s + np.nan_to_num(r.e2e_s), r.sent_s)
+        assert _out_at_once(r.sent_s, end) <= clients
+    else:
+        assert (r.sent_s == req.arrival_s).all()
 
 
 def test_a_deployment_report_for_llama_8b_on_h100():
@@ -170,6 +229,32 @@ def test_roofline_batch1_decode_matches_published_vllm(gpu, measured_ms):
     # one decode token at a 1,024-token context: the weights plus that context's KV
     predicted = model.step_s(1, 1024.0, 1024.0) * 1e3
     assert predicted == pytest.approx(measured_ms, rel=0.10), (gpu, predicted)
+
+
+def test_a_closed_loop_sweep_gains_what_a_published_vllm_sweep_gained():
+    """Llama 3.1 8B Instruct (BF16) on one A100 40GB, vLLM 0.23.0, `vllm bench serve
+    --dataset-name random --random-input-len 1024 --random-output-len 128 --ignore-eos
+    --max-concurrency C --num-prompts C*20 --request-rate inf`: "Batching buys throughput
+    almost for free up to a concurrency of 8, a 6.6x gain".
+    https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on
+    The gain from 1 to 8 is set by how long the others' prefills hold up each decode, so
+    this checks the roofline's prefill (compute) side against vLLM itself; with vLLM's
+    defaults for an A100 (a 2,048-token budget, 256 sequences)."""
+    from servelab.api import load
+    from servelab.llm.pool import pool_spec
+
+    s = load("seed", {"llm.model": "llama-3.1-8b", "llm.num_gpus": 1, "llm.tp": 1,
+                      "llm.kv_dtype": "auto", "llm.weight_dtype": "auto",
+                      "llm.gpu": "A100-40GB", "llm.gpu_memory_gb": None,
+                      "llm.max_num_batched_tokens": 2048, "llm.max_num_seqs": 256})
+    spec = pool_spec(s)
+
+    def output_tps(c: int) -> float:
+        w = Workload(request_rate=math.inf, num_requests=20 * c, prompt_tokens=1024,
+                     output_tokens=128, max_concurrency=c)
+        return serve_llm(spec, w).output_tokens_per_s
+
+    assert output_tps(8) / output_tps(1) == pytest.approx(6.6, rel=0.10)
 
 
 @pytest.mark.parametrize("args", [
@@ -406,6 +491,6 @@ def test_roofline_sides_against_gemms_measured_on_an_h200(name):
         predicted = model.step_s(t, 0.0, 0.0) * 1e3
         if t <= 32:  # weights read once: the memory side holds within 15%
             assert predicted == pytest.approx(measured, rel=0.15), (t, predicted, measured)
-        if t >= 512:  # compute-bound GEMMs beat the stated 0.5 of peak (0.69-0.77 measured):
-            # the roofline's prefill side is conservative for the GEMMs, by 30-60%
-            assert 1.2 < predicted / measured < 1.7, (t, predicted, measured)
+        if t >= 512:  # compute-bound GEMMs reached 0.69-0.77 of peak; the stated 0.7
+            # holds them within 15% (a real prefill adds attention, norms, activations)
+            assert predicted == pytest.approx(measured, rel=0.15), (t, predicted, measured)

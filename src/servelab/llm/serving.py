@@ -22,6 +22,10 @@ The scheduler (vllm/v1/core/sched/scheduler.py, ``Scheduler.schedule``), as mode
   ``prefix_tokens``; their whole blocks are computed once and stay cached (counted once
   against the pool), so those requests start with them computed and do not hold them.
 - A request whose prompt and output can never fit the pool is rejected on arrival.
+- Arrivals are open (at their drawn times) or, with ``max_concurrency`` C, a closed loop
+  as ``vllm bench serve --max-concurrency C`` runs one: a request is sent at its drawn
+  time or when one of C slots frees (a request finishes or is rejected), whichever is
+  later, first come first served; its TTFT and end-to-end latency count from the send.
 
 Step time (``StepModel``), per GPU of a tensor-parallel group:
   FLOPs = 2 x parameters / tp per scheduled token
@@ -61,10 +65,18 @@ from servelab.report import jsonable
 from servelab.search import fewest_meeting
 
 MAX_REQUESTS = 1_000_000
+MAX_CONCURRENCY = 100_000
 MAX_TOKENS_PER_REQUEST = 10_000_000
 MAX_STEPS = 20_000_000
 MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
+# The roofline's stated efficiencies. Compute: a step's weight GEMMs over 512 and 2,048
+# tokens reached 0.69-0.77 of an H200's dense BF16 peak (bench/device/results/, held by
+# test_roofline_sides_against_gemms_measured_on_an_h200); 0.5 made them 37-54% slow, and
+# left a published vLLM concurrency sweep's gain 15% short (README, LLM serving). Memory:
+# weights read once reached 0.71-0.82 of HBM bandwidth on the same H200.
+COMPUTE_EFFICIENCY = 0.7
+MEMORY_EFFICIENCY = 0.8
 Z99 = 2.3263478740408408
 
 
@@ -79,8 +91,8 @@ class StepModel:
     attn_flops_per_context_token: float
     peak_flops: float
     hbm_bytes_per_s: float
-    compute_efficiency: float = 0.5
-    memory_efficiency: float = 0.8
+    compute_efficiency: float = COMPUTE_EFFICIENCY
+    memory_efficiency: float = MEMORY_EFFICIENCY
     overhead_s: float = 0.0005
     tp: int = 1
     allreduces_per_step: int = 0  # two per layer (after attention, after the MLP)
@@ -109,8 +121,8 @@ class StepModel:
             self.allreduce_latency_s + moved / (self.link_bytes_per_s * self.link_efficiency))
 
     @classmethod
-    def roofline(cls, spec: PoolSpec, *, compute_efficiency: float = 0.5,
-                 memory_efficiency: float = 0.8, overhead_ms: float = 0.5,
+    def roofline(cls, spec: PoolSpec, *, compute_efficiency: float = COMPUTE_EFFICIENCY,
+                 memory_efficiency: float = MEMORY_EFFICIENCY, overhead_ms: float = 0.5,
                  link_efficiency: float = 0.7, allreduce_latency_us: float = 6.0
                  ) -> StepModel:
         """FLOPs count the parameters a token passes through (a mixture of experts' active
@@ -249,6 +261,7 @@ class Requests:
 
 @dataclass(slots=True)
 class ServingResult:
+    sent_s: np.ndarray  # when each request reached the server (its arrival, open loop)
     ttft_s: np.ndarray  # NaN where not served
     tpot_s: np.ndarray  # NaN for a one-token output or not served
     e2e_s: np.ndarray
@@ -286,13 +299,20 @@ def lognormal_lengths(mean: float, p99: float | None, n: int, rng: np.random.Gen
 
 
 def simulate_serving(req: Requests, cfg: SchedulerConfig,
-                     model: StepModel | ProfileStepModel) -> ServingResult:
-    """One replica under vLLM v1's scheduler; see the module docstring."""
+                     model: StepModel | ProfileStepModel,
+                     max_concurrency: int = 0) -> ServingResult:
+    """One replica under vLLM v1's scheduler; see the module docstring. With
+    `max_concurrency` > 0, at most that many requests are out at once (a closed loop)."""
     cfg.check()
     n = req.arrival_s.size
     B = cfg.block_size  # noqa: N806
     order = np.argsort(req.arrival_s, kind="stable")
-    arrival = req.arrival_s[order].tolist()
+    drawn: list[float] = req.arrival_s[order].tolist()
+    arrival = drawn[:]  # send times: the drawn ones, later where a closed loop holds them
+    # The closed loop's free slots, by the time each freed (in order: completions come at
+    # non-decreasing times). Open loop: no slot limit.
+    slots: deque[float] | None = (deque([-math.inf] * min(max_concurrency, n))
+                                  if max_concurrency > 0 else None)
     prompt = req.prompt[order].tolist()
     output = req.output[order].tolist()
     hit = (req.prefix_hit[order] & cfg.enable_prefix_caching).tolist()
@@ -327,22 +347,35 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     def blocks_for(i: int, tokens: int) -> int:
         return max(0, -(-tokens // B) - (prefix_blocks if hit[i] else 0))
 
+    def next_send() -> float:
+        """When the next request reaches the server, if nothing else happens first."""
+        if slots is None:
+            return arrival[nxt]
+        return max(drawn[nxt], slots[0]) if slots else math.inf
+
+    def release(at: float) -> None:
+        if slots is not None:
+            slots.append(at)
+
     while finished < n:
-        while nxt < n and arrival[nxt] <= t:
+        while nxt < n and next_send() <= t:
             i = nxt
             nxt += 1
+            if slots is not None:
+                arrival[i] = max(drawn[i], slots.popleft())
             if blocks_for(i, prompt[i] + output[i]) > pool or (
                     not cfg.enable_chunked_prefill
                     and prompt[i] - start_of(i) > cfg.max_num_batched_tokens):
                 rejected[i] = True
                 finished += 1
+                release(arrival[i])
                 continue
             computed[i] = start_of(i)
             waiting.append(i)
         if not running and not waiting:
             if nxt >= n:
                 break
-            t = max(t, arrival[nxt])
+            t = max(t, next_send())
             continue
         steps += 1
         if steps > MAX_STEPS:
@@ -396,8 +429,8 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             if preempted:  # a request preempted itself; the next pass admits afresh
                 steps -= 1
                 continue
-            if nxt < n:
-                t = max(t, arrival[nxt])
+            if nxt < n and next_send() < math.inf:
+                t = max(t, next_send())
                 continue
             raise invalid("simulation", "no request can be scheduled", "a pool that fits "
                           "one request", "more KV blocks")
@@ -431,6 +464,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                     held[i] = 0
                     running.remove(i)
                     finished += 1
+                    release(t)
         kv_t.append(t)
         kv_b.append(pool - free)
     arr = np.asarray(arrival)
@@ -443,7 +477,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     inv[order] = np.arange(n)
     thin = max(1, len(kv_t) // KV_SAMPLES)
     return ServingResult(
-        ttft_s=(first_a - arr)[inv], tpot_s=tpot[inv], e2e_s=(done_a - arr)[inv],
+        sent_s=arr[inv], ttft_s=(first_a - arr)[inv], tpot_s=tpot[inv], e2e_s=(done_a - arr)[inv],
         preemptions=np.asarray(preempt)[inv], rejected=np.asarray(rejected)[inv],
         generated=np.asarray(gen)[inv],
         steps=steps, busy_s=busy, end_s=t, running_sum=running_sum,
@@ -463,11 +497,19 @@ class Workload:
     output_tokens: float = 256
     output_tokens_p99: float | None = None
     seed: int = 0
+    max_concurrency: int = 0  # > 0: a closed loop of that many clients (vLLM bench's)
 
     def draw(self, prefix_hit_share: float = 0.0) -> Requests:
-        if not (math.isfinite(self.request_rate) and 0 < self.request_rate <= 1e6):
+        if not 0 <= self.max_concurrency <= MAX_CONCURRENCY:
+            raise invalid("--max-concurrency", self.max_concurrency,
+                          f"0 (open loop) to {MAX_CONCURRENCY:,} requests out at once",
+                          "e.g. --max-concurrency 8")
+        closed_inf = self.max_concurrency > 0 and self.request_rate == math.inf
+        if not (closed_inf or (math.isfinite(self.request_rate)
+                               and 0 < self.request_rate <= 1e6)):
             raise invalid("--rate", self.request_rate, "requests per second above 0, up to "
-                          "1e6", "e.g. --rate 10")
+                          "1e6 (inf only with --max-concurrency, as vLLM bench takes it)",
+                          "e.g. --rate 10")
         if not 1 <= self.num_requests <= MAX_REQUESTS:
             raise invalid("--num-requests", self.num_requests, f"1 to {MAX_REQUESTS:,}",
                           "e.g. --num-requests 2000")
@@ -476,7 +518,8 @@ class Workload:
                           "e.g. --arrival poisson")
         rng = np.random.default_rng(self.seed)
         n = self.num_requests
-        gaps = (rng.exponential(1 / self.request_rate, n) if self.arrival == "poisson"
+        gaps = (np.zeros(n) if closed_inf  # every request ready at once; the loop paces
+                else rng.exponential(1 / self.request_rate, n) if self.arrival == "poisson"
                 else np.full(n, 1 / self.request_rate))
         prompt = lognormal_lengths(self.prompt_tokens, self.prompt_tokens_p99, n, rng,
                                    "--prompt-tokens")
@@ -530,8 +573,8 @@ def _pcts(x: np.ndarray) -> dict[str, float]:
 def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               enable_chunked_prefill: bool = True, enable_prefix_caching: bool = False,
               prefix_tokens: int = 0, prefix_hit_share: float = 0.0,
-              compute_efficiency: float = 0.5, memory_efficiency: float = 0.8,
-              overhead_ms: float = 0.5,
+              compute_efficiency: float = COMPUTE_EFFICIENCY,
+              memory_efficiency: float = MEMORY_EFFICIENCY, overhead_ms: float = 0.5,
               step_profile: ProfileStepModel | None = None) -> ServingReport:
     """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
     among them at random (a Poisson stream split at random stays Poisson). Step times
@@ -539,6 +582,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     given: measured on one tensor-parallel group of this deployment."""
     if not 1 <= replicas <= 10_000:
         raise invalid("--replicas", replicas, "1 to 10,000", "e.g. --replicas 2")
+    if workload.max_concurrency and replicas > 1:
+        raise invalid("--max-concurrency", workload.max_concurrency, "one replica (how a "
+                      "load balancer spreads a closed loop over replicas is not modelled)",
+                      "--replicas 1, or an open-loop --rate without --max-concurrency")
     for name, v in (("--compute-efficiency", compute_efficiency),
                     ("--memory-efficiency", memory_efficiency)):
         if not (math.isfinite(v) and 0 < v <= 1):
@@ -571,8 +618,9 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         if sel.any():
             sub = Requests(req.arrival_s[sel], req.prompt[sel], req.output[sel],
                            req.prefix_hit[sel])
-            parts.append((sel, simulate_serving(sub, cfg, model)))
+            parts.append((sel, simulate_serving(sub, cfg, model, workload.max_concurrency)))
     n = req.arrival_s.size
+    sent = req.arrival_s.astype(np.float64)
     ttft, tpot, e2e = (np.full(n, np.nan) for _ in range(3))
     rejected = np.zeros(n, bool)
     pre = 0
@@ -580,6 +628,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     steps = 0
     for sel, res in parts:
         ttft[sel], tpot[sel], e2e[sel] = res.ttft_s, res.tpot_s, res.e2e_s
+        sent[sel] = res.sent_s
         rejected[sel] = res.rejected
         pre += int(res.preemptions.sum())
         busy += res.busy_s
@@ -587,7 +636,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         run_sum += res.running_sum
         steps += res.steps
     served = ~rejected
-    span = end - float(req.arrival_s.min()) if n else 0.0
+    span = end - float(sent.min()) if n else 0.0
     out_tps = float(req.output[served].sum()) / span if span > 0 else 0.0
     in_tps = float(req.prompt[served].sum()) / span if span > 0 else 0.0
     price = spec.gpu.price_per_gpu_hour_usd
@@ -610,6 +659,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
             notes.append(f"mixture of experts: FLOPs count the "
                          f"{spec.model.active_parameters / 1e9:.1f}B active parameters, "
                          f"memory reads all {spec.model.num_parameters / 1e9:.1f}B")
+    if workload.max_concurrency:
+        notes.append(f"closed loop: at most {workload.max_concurrency} requests out at once, "
+                     "each sent when one finishes (vllm bench serve --max-concurrency); "
+                     "TTFT and latency count from the send")
     if rejected.any():
         notes.append(f"{int(rejected.sum())} requests could never fit one replica's KV pool "
                      f"({pool.num_blocks:,} blocks of {spec.block_size}) and were rejected")
@@ -686,6 +739,10 @@ def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99
     if not 1 <= max_replicas <= MAX_PLAN_REPLICAS:
         raise invalid("--max-replicas", max_replicas, f"1 to {MAX_PLAN_REPLICAS}",
                       "e.g. --max-replicas 64")
+    if workload.max_concurrency:
+        raise invalid("[llm] max_concurrency", workload.max_concurrency, "0: a plan sizes "
+                      "replicas for an open-loop request rate", "set max_concurrency = 0 and "
+                      "give the request rate to plan for")
     tried: dict[int, ServingReport] = {}
     search: list[dict[str, Any]] = []
     verdict: dict[int, bool] = {}
