@@ -292,7 +292,7 @@ _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "prefix_caching": "llm.enable_prefix_caching",
              "prefix_tokens": "llm.prefix_tokens", "prefix_hit_share": "llm.prefix_hit_share",
              "ttft_p99_ms": "llm.ttft_p99_slo_ms", "tpot_p99_ms": "llm.tpot_p99_slo_ms",
-             "step_profile": "llm.step_profile_csv"}
+             "step_profile": "llm.step_profile_csv", "lengths": "llm.lengths_csv"}
 
 RateOpt = Annotated[float | None, typer.Option(
     help="Requests per second over all replicas ([llm] request_rate, default 5).")]
@@ -322,10 +322,20 @@ def _step_profile(s: Scenario, llm: LlmPool) -> Any:
     return ProfileStepModel.from_csv(str(s.resolve_path(path, "[llm] step_profile_csv")))
 
 
-def _llm_workload(llm: LlmPool, seed: int) -> Any:
-    from servelab.llm.serving import Workload
+LengthsOpt = Annotated[Path | None, typer.Option(
+    "--lengths", help="A CSV of prompt_tokens,output_tokens, one row per request (as `kv "
+    "paging` reads), instead of --prompt-tokens/--output-tokens ([llm] lengths_csv).")]
 
-    return Workload(request_rate=llm.request_rate, num_requests=llm.num_requests,
+
+def _llm_workload(s: Scenario, llm: LlmPool, seed: int) -> Any:
+    from servelab.llm.paging import read_lengths_csv
+    from servelab.llm.serving import MAX_REQUESTS, MAX_TOKENS_PER_REQUEST, Workload
+
+    lengths = None
+    if llm.lengths_csv is not None:
+        lengths = read_lengths_csv(s.resolve_path(llm.lengths_csv, "[llm] lengths_csv"),
+                                   MAX_REQUESTS, "--lengths", MAX_TOKENS_PER_REQUEST)
+    return Workload(lengths=lengths, request_rate=llm.request_rate, num_requests=llm.num_requests,
                     arrival=llm.arrival, max_concurrency=llm.max_concurrency,
                     prompt_tokens=llm.prompt_tokens,
                     prompt_tokens_p99=llm.prompt_tokens_p99, output_tokens=llm.output_tokens,
@@ -337,9 +347,10 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
     one replica's vLLM deployment."""
     if not 0 <= params["seed"] <= 2**63 - 1:
         raise invalid("--seed", params["seed"], "a whole number >= 0", "e.g. --seed 0")
-    path = params.get("step_profile")
-    s = _load({**params, "num_gpus": params["tp"], "context": None,
-               "step_profile": None if path is None else str(path)}, _LLM_KEYS)
+    # files named by flags are where the user is, not beside the scenario file
+    files = {name: None if params.get(name) is None else str(Path(params[name]).absolute())
+             for name in ("step_profile", "lengths")}
+    s = _load({**params, "num_gpus": params["tp"], "context": None, **files}, _LLM_KEYS)
     llm = s.llm if s.llm is not None else LlmPool()  # a scenario without [llm]: defaults
     s = replace(s, llm=llm)
     return s, llm, pool_spec(s)
@@ -374,6 +385,7 @@ def llm_simulate(
         "once). Default 0: open loop.")] = None,
     prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
+    lengths: LengthsOpt = None,
     chunked_prefill: Annotated[bool | None, typer.Option(
         help="vLLM enable_chunked_prefill ([llm] enable_chunked_prefill, on in v1).")
                                ] = None,
@@ -397,7 +409,7 @@ def llm_simulate(
     from servelab.llm.serving import serve_llm
 
     s, llm, spec = _llm_spec(dict(locals()))
-    report = serve_llm(spec, _llm_workload(llm, seed), replicas=llm.replicas,
+    report = serve_llm(spec, _llm_workload(s, llm, seed), replicas=llm.replicas,
                        compute_efficiency=compute_efficiency,
                        memory_efficiency=memory_efficiency, overhead_ms=overhead_ms,
                        **_serving_options(s, llm))
@@ -438,6 +450,7 @@ def llm_plan(
     rate: RateOpt = None, num_requests: LlmNReqOpt = None,
     prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
+    lengths: LengthsOpt = None,
     ttft_p99_ms: Annotated[float | None, typer.Option(
         help="SLO: p99 time to first token, ms ([llm] ttft_p99_slo_ms, default 1000).")
                            ] = None,
@@ -454,7 +467,7 @@ def llm_plan(
 
     s, llm, spec = _llm_spec(dict(locals()))
     ttft_p99_ms, tpot_p99_ms = llm.ttft_p99_slo_ms, llm.tpot_p99_slo_ms
-    result = plan_llm(spec, _llm_workload(llm, seed), ttft_p99_ms=ttft_p99_ms,
+    result = plan_llm(spec, _llm_workload(s, llm, seed), ttft_p99_ms=ttft_p99_ms,
                       tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas,
                       **_serving_options(s, llm))
     d = result.to_dict()

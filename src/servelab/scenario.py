@@ -230,6 +230,7 @@ class LlmPool:
     prompt_tokens_p99: float | None = None
     output_tokens: float = 256.0
     output_tokens_p99: float | None = None
+    lengths_csv: str | None = None  # prompt_tokens,output_tokens per request instead
     replicas: int = 1
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
@@ -584,6 +585,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "prompt_tokens_p99": _opt(_num(1, 10_000_000)),
         "output_tokens": _num(1, 10_000_000),
         "output_tokens_p99": _opt(_num(1, 10_000_000)),
+        "lengths_csv": _opt(_str),
         "replicas": _int(1, 10_000),
         "enable_chunked_prefill": _bool,
         "enable_prefix_caching": _bool,

@@ -143,6 +143,34 @@ def test_a_closed_loop_of_two_keeps_two_requests_out():
         Workload(request_rate=1, max_concurrency=-1).draw()
 
 
+def test_lengths_from_a_csv_are_used_in_order_and_wrap(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from servelab.llm.paging import read_lengths_csv
+
+    csv_file = tmp_path / "lengths.csv"
+    csv_file.write_text("prompt_tokens,output_tokens\n300,5\n40,2\n1000,9\n")
+    prompt, output = read_lengths_csv(csv_file, 100)
+    w = Workload(request_rate=10, num_requests=7, lengths=(prompt, output))
+    req = w.draw()
+    assert req.prompt.tolist() == [300, 40, 1000, 300, 40, 1000, 300]
+    assert req.output.tolist() == [5, 2, 9, 5, 2, 9, 5]
+    # from a scenario, relative to the scenario file; a flag's path is where the user is
+    (tmp_path / "s.toml").write_text('[llm]\nmodel = "llama-3.1-8b"\ngpu = "H100-SXM"\n'
+                                     'lengths_csv = "lengths.csv"\nnum_requests = 6\n')
+    for args, cwd in ((["--scenario", str(tmp_path / "s.toml")], None),
+                      (["--lengths", "lengths.csv", "--num-requests", "6"], tmp_path)):
+        r = subprocess.run([sys.executable, "-m", "servelab", "llm", "simulate", *args,
+                            "--json"], capture_output=True, text=True, timeout=120, cwd=cwd)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        assert d["requests"]["input_tokens"] == 2 * (300 + 40 + 1000)
+        assert d["requests"]["output_tokens"] == 2 * (5 + 2 + 9)
+        assert any("CSV's 3 rows" in n for n in d["notes"])
+
+
 def _out_at_once(sent: np.ndarray, end: np.ndarray) -> int:
     """The most requests out at any instant (a send at the instant of an end counts after
     it: the slot is passed on; times within a nanosecond are one instant, as an end time
@@ -263,6 +291,9 @@ def test_a_closed_loop_sweep_gains_what_a_published_vllm_sweep_gained():
     ["--num-requests", "1000000", "--output-tokens", "1000"],  # past the total-token cap
     ["--replicas", "0"], ["--compute-efficiency", "2"], ["--arrival", "bursty"],
     ["--prefix-hit-share", "1.5"], ["--tp", "3", "--model", "llama-3.1-8b"],
+    ["--lengths", "/nonexistent-lengths.csv"], ["--lengths", "/etc"],
+    ["--rate", "inf"], ["--max-concurrency", "-1"], ["--max-concurrency", "2",
+                                                     "--replicas", "2"],
 ])
 def test_llm_simulate_mistakes_are_one_line(args):
     import subprocess

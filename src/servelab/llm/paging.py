@@ -184,32 +184,39 @@ def synthetic_workload(name: str, num_requests: int, rate_per_step: float, max_l
     return _finish(rng, num_requests, rate_per_step, prompt, output, max_len, prefix_tokens)
 
 
-def trace_workload(path: Path, num_requests: int, rate_per_step: float, max_len: int,
-                   prefix_tokens: int, rng: np.random.Generator) -> Workload:
-    """Lengths from a CSV with prompt_tokens and output_tokens columns (first N rows)."""
-    text = read_text(path, "--lengths", what="CSV of prompt_tokens,output_tokens")
+def read_lengths_csv(path: Path, max_rows: int, field: str = "--lengths",
+                     max_tokens: int = 10**8) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output token counts from a CSV with prompt_tokens and output_tokens
+    columns (its first `max_rows` rows); every problem is one line naming `field`."""
+    text = read_text(path, field, what="CSV of prompt_tokens,output_tokens")
     try:
         rows = []
         for row in csv.DictReader(io.StringIO(text, newline="")):
             rows.append(row)
-            if len(rows) >= num_requests:
+            if len(rows) >= max_rows:
                 break
     except csv.Error as exc:
-        raise invalid("--lengths", str(path), "a CSV", f"fix the file ({exc})") from None
+        raise invalid(field, str(path), "a CSV", f"fix the file ({exc})") from None
     if not rows or not {"prompt_tokens", "output_tokens"} <= set(rows[0]):
-        raise invalid("--lengths", str(path), "columns prompt_tokens and output_tokens",
+        raise invalid(field, str(path), "columns prompt_tokens and output_tokens",
                       "rename the CSV's columns")
-    rows = rows[:num_requests]
     try:
         prompt = np.array([int(r["prompt_tokens"]) for r in rows], dtype=np.int64)
         output = np.array([int(r["output_tokens"]) for r in rows], dtype=np.int64)
     except (ValueError, TypeError, OverflowError):
-        raise invalid("--lengths", str(path), "whole token counts", "fix the rows") from None
-    if (prompt < 1).any() or (output < 1).any() or (prompt > 10**8).any() or (
-            output > 10**8).any():
-        raise invalid("--lengths", str(path), "counts from 1 to 100,000,000",
+        raise invalid(field, str(path), "whole token counts", "fix the rows") from None
+    if (prompt < 1).any() or (output < 1).any() or (prompt > max_tokens).any() or (
+            output > max_tokens).any():
+        raise invalid(field, str(path), f"counts from 1 to {max_tokens:,}",
                       "drop empty or corrupt rows")
-    return _finish(rng, len(rows), rate_per_step, prompt + prefix_tokens, output, max_len,
+    return prompt, output
+
+
+def trace_workload(path: Path, num_requests: int, rate_per_step: float, max_len: int,
+                   prefix_tokens: int, rng: np.random.Generator) -> Workload:
+    """Lengths from a CSV with prompt_tokens and output_tokens columns (first N rows)."""
+    prompt, output = read_lengths_csv(path, num_requests)
+    return _finish(rng, prompt.size, rate_per_step, prompt + prefix_tokens, output, max_len,
                    prefix_tokens)
 
 

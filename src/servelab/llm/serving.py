@@ -498,6 +498,9 @@ class Workload:
     output_tokens_p99: float | None = None
     seed: int = 0
     max_concurrency: int = 0  # > 0: a closed loop of that many clients (vLLM bench's)
+    # (prompt, output) token counts read from a CSV, used in order and from the start
+    # again when there are fewer rows than requests; instead of the fixed/log-normal ones
+    lengths: tuple[np.ndarray, np.ndarray] | None = None
 
     def draw(self, prefix_hit_share: float = 0.0) -> Requests:
         if not 0 <= self.max_concurrency <= MAX_CONCURRENCY:
@@ -521,10 +524,14 @@ class Workload:
         gaps = (np.zeros(n) if closed_inf  # every request ready at once; the loop paces
                 else rng.exponential(1 / self.request_rate, n) if self.arrival == "poisson"
                 else np.full(n, 1 / self.request_rate))
-        prompt = lognormal_lengths(self.prompt_tokens, self.prompt_tokens_p99, n, rng,
-                                   "--prompt-tokens")
-        output = lognormal_lengths(self.output_tokens, self.output_tokens_p99, n, rng,
-                                   "--output-tokens")
+        if self.lengths is not None:
+            rows = np.arange(n) % self.lengths[0].size
+            prompt, output = self.lengths[0][rows], self.lengths[1][rows]
+        else:
+            prompt = lognormal_lengths(self.prompt_tokens, self.prompt_tokens_p99, n, rng,
+                                       "--prompt-tokens")
+            output = lognormal_lengths(self.output_tokens, self.output_tokens_p99, n, rng,
+                                       "--output-tokens")
         total = int(prompt.sum()) + int(output.sum())
         if total > MAX_TOTAL_TOKENS:
             raise invalid("--num-requests x tokens", f"{total:,} tokens",
@@ -659,6 +666,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
             notes.append(f"mixture of experts: FLOPs count the "
                          f"{spec.model.active_parameters / 1e9:.1f}B active parameters, "
                          f"memory reads all {spec.model.num_parameters / 1e9:.1f}B")
+    if workload.lengths is not None:
+        rows = workload.lengths[0].size
+        notes.append(f"prompt and output lengths from the CSV's {rows:,} rows, in order"
+                     + (", from the start again past its end" if rows < n else ""))
     if workload.max_concurrency:
         notes.append(f"closed loop: at most {workload.max_concurrency} requests out at once, "
                      "each sent when one finishes (vllm bench serve --max-concurrency); "
