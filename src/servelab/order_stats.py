@@ -6,7 +6,9 @@ a million values here); this finds the same order statistics in three linear
 passes: the range and sum, then one histogram pass per 16 bits of the range
 (a range under 2**32 ns, 4.3 s, takes two), every wanted rank narrowed in the
 same pass. The input is not modified and nothing the size of the input is
-allocated.
+allocated. Values may come with whole-number weights (each value counted that many
+times): a batch's GPU time weighted by its size has the order statistics of the
+per-request GPU times, from a fifth as many values.
 
 The percentile from the order statistics is NumPy's default ``linear`` method
 (Hyndman and Fan's 7th), written as NumPy 2 computes it, so the two agree to
@@ -15,31 +17,51 @@ the bit (a hypothesis test holds them equal).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
 _BITS = 16  # a histogram of 2**16 buckets per pass and per distinct interval
 
+# Where the values come from: `x` as it is (w and batch None); `x` with a whole-number
+# weight per value, each counted that many times (w given); or gathered from per-batch
+# values, x[batch[i]] - arrival[i] for every request i with batch[i] >= 0 (batch and
+# arrival given), computed as each pass reads it so no per-request array is built. A None
+# argument is its own type to Numba, so each source compiles to its own loops with the
+# other sources' branches pruned.
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tally(lo: Any, hi: Any, high: Any, low: Any, v: Any, c: Any) -> tuple[Any, Any, Any, Any]:
+    mask = np.int64(0xFFFFFFFF)
+    return min(lo, v), max(hi, v), high + (v >> 32) * c, low + (v & mask) * c
+
 
 @njit(cache=True, nogil=True)
-def _range_and_sum(x: np.ndarray) -> tuple[int, int, float]:
+def _range_and_sum(x: np.ndarray, w: Any, batch: Any, arrival: Any
+                   ) -> tuple[Any, Any, float]:
     """Minimum, maximum and the sum (exact, in two int64 halves: each value's high 32 bits
-    and low 32 bits summed apart hold any int64 values for up to 2**31 of them; one
-    rounding when the halves are joined)."""
-    lo = x[0]
-    hi = x[0]
+    and low 32 bits summed apart hold any int64 values for up to 2**31 of them, weights
+    included; one rounding when the halves are joined)."""
+    lo = np.int64(2**63 - 1)
+    hi = np.int64(-(2**63))
     high = np.int64(0)
     low = np.int64(0)
-    mask = np.int64(0xFFFFFFFF)
-    for v in x:
-        if v < lo:
-            lo = v
-        elif v > hi:
-            hi = v
-        high += v >> 32
-        low += v & mask
+    if batch is not None:
+        for i in range(batch.size):
+            b = batch[i]
+            if b >= 0:
+                lo, hi, high, low = _tally(lo, hi, high, low, x[b] - arrival[i], 1)
+    elif w is not None:
+        for i in range(x.size):
+            if w[i] > 0:
+                lo, hi, high, low = _tally(lo, hi, high, low, x[i], w[i])
+    else:
+        for v in x:
+            lo, hi, high, low = _tally(lo, hi, high, low, v, 1)
     high += low >> 32
-    return lo, hi, float(high) * 4294967296.0 + float(low & mask)
+    return lo, hi, float(high) * 4294967296.0 + float(low & np.int64(0xFFFFFFFF))
 
 
 @njit(cache=True, nogil=True)
@@ -52,9 +74,11 @@ def _bit_length(v: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def select_ranks(x: np.ndarray, ranks: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """The values at 0-based `ranks` (sorted ascending) of the sorted `x`, whose minimum
-    and maximum are `lo` and `hi`, without sorting or modifying `x`."""
+def select_ranks(x: np.ndarray, w: Any, batch: Any, arrival: Any, ranks: np.ndarray,
+                 lo: int, hi: int) -> np.ndarray:
+    """The values at 0-based `ranks` (sorted ascending) of the sorted values (see above
+    for w, batch and arrival), whose minimum and maximum are `lo` and `hi`, without
+    sorting or modifying anything."""
     k = ranks.size
     ilo = np.full(k, lo, np.int64)  # each rank's interval [ilo, ihi] of values...
     ihi = np.full(k, hi, np.int64)
@@ -83,20 +107,49 @@ def select_ranks(x: np.ndarray, ranks: np.ndarray, lo: int, hi: int) -> np.ndarr
         size = np.int64(1) << np.int64(_BITS)
         counts = np.zeros(ng * size, np.int64)
         first, last = g_lo[0], g_hi[ng - 1]
-        if ng == 1:  # one interval (always so on the first pass): no search
-            shift = g_shift[0]
-            for v in x:
-                if first <= v <= last:
+        # One loop per source, the counting written out in each: a helper taking the
+        # arrays would cost a reference count per value.
+        shift = g_shift[0]
+        if batch is not None:
+            for i in range(batch.size):
+                b = batch[i]
+                if b < 0:
+                    continue
+                v = x[b] - arrival[i]
+                if v < first or v > last:
+                    continue
+                if ng == 1:
                     counts[(v - first) >> shift] += 1
+                    continue
+                for g in range(ng):
+                    if v <= g_hi[g]:
+                        if v >= g_lo[g]:
+                            counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += 1
+                        break
+        elif w is not None:
+            for i in range(x.size):
+                v = x[i]
+                if v < first or v > last:
+                    continue
+                if ng == 1:
+                    counts[(v - first) >> shift] += w[i]
+                    continue
+                for g in range(ng):
+                    if v <= g_hi[g]:
+                        if v >= g_lo[g]:
+                            counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += w[i]
+                        break
         else:
             for v in x:
                 if v < first or v > last:
                     continue
+                if ng == 1:
+                    counts[(v - first) >> shift] += 1
+                    continue
                 for g in range(ng):
-                    if v < g_lo[g]:
-                        break
                     if v <= g_hi[g]:
-                        counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += 1
+                        if v >= g_lo[g]:
+                            counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += 1
                         break
         for j in range(k):
             g = g_of[j]
@@ -112,15 +165,42 @@ def select_ranks(x: np.ndarray, ranks: np.ndarray, lo: int, hi: int) -> np.ndarr
             ihi[j] = min(g_hi[g], ilo[j] + (np.int64(1) << g_shift[g]) - 1)
 
 
-def percentiles_ns(x: np.ndarray, percentiles: tuple[float, ...]) -> tuple[float, list[float]]:
+def percentiles_ns(x: np.ndarray, percentiles: tuple[float, ...],
+                   weights: np.ndarray | None = None) -> tuple[float, list[float]]:
     """The mean and the `percentiles` (0-100) of int64 values `x` (not empty), as
     ``x.mean()`` and ``np.percentile(x, percentiles)`` give them (the percentiles equal
-    to the bit; the mean from an exact integer sum, so at least as exact)."""
-    n = x.size
+    to the bit; the mean from an exact integer sum, so at least as exact). With
+    `weights` (whole numbers >= 0, their sum not 0), of ``np.repeat(x, weights)``."""
     x = np.ascontiguousarray(x, dtype=np.int64)
+    if weights is None:
+        return _percentiles(x, None, None, None, x.size, percentiles)
+    w = np.ascontiguousarray(weights, dtype=np.int64)
+    if w.shape != x.shape or (w < 0).any():
+        raise ValueError("weights: one whole number >= 0 per value")
+    return _percentiles(x, w, None, None, int(w.sum()), percentiles)
+
+
+def percentiles_of_batches_ns(per_batch: np.ndarray, batch: np.ndarray, arrival: np.ndarray,
+                              served: int, percentiles: tuple[float, ...]
+                              ) -> tuple[float, list[float]]:
+    """The same of per_batch[batch[i]] - arrival[i] over the `served` requests with
+    batch[i] >= 0 (a request's queue time from its batch's start, or its latency from its
+    batch's end), read in place: nothing the size of the requests is built."""
+    if batch.shape != arrival.shape:
+        raise ValueError("batch and arrival: one of each per request")
+    return _percentiles(np.ascontiguousarray(per_batch, dtype=np.int64), None,
+                        np.ascontiguousarray(batch),
+                        np.ascontiguousarray(arrival, dtype=np.int64), served, percentiles)
+
+
+def _percentiles(x: np.ndarray, w: np.ndarray | None, batch: np.ndarray | None,
+                 arrival: np.ndarray | None, n: int, percentiles: tuple[float, ...]
+                 ) -> tuple[float, list[float]]:
+    if n <= 0:
+        raise ValueError("no values")
     if n >= 2**31:
         raise ValueError(f"{n:,} values: at most 2**31 - 1")
-    lo, hi, total = _range_and_sum(x)
+    lo, hi, total = _range_and_sum(x, w, batch, arrival)
     mean = total / n
     q = np.true_divide(np.asarray(percentiles, dtype=np.float64), 100)
     virtual = (n - 1) * q
@@ -130,7 +210,7 @@ def percentiles_ns(x: np.ndarray, percentiles: tuple[float, ...]) -> tuple[float
     prev_i = np.where(above, n - 1, prev).astype(np.int64)
     next_i = np.where(above, n - 1, nxt).astype(np.int64)
     ranks = np.unique(np.concatenate((prev_i, next_i)))
-    values = select_ranks(x, ranks, lo, hi)
+    values = select_ranks(x, w, batch, arrival, ranks, lo, hi)
     a = values[np.searchsorted(ranks, prev_i)]
     b = values[np.searchsorted(ranks, next_i)]
     gamma = virtual - prev

@@ -5,14 +5,15 @@ Metrics are computed here from a simulation's flat records, never in a front end
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from servelab.batching.analytic import ClosedForm
-from servelab.batching.simulate import Simulation
-from servelab.order_stats import percentiles_ns
+from servelab.batching.simulate import Records, Simulation
+from servelab.order_stats import percentiles_ns, percentiles_of_batches_ns
 from servelab.scenario import scenario_to_dict
 
 PERCENTILES = (50, 90, 95, 99)
@@ -39,6 +40,26 @@ class Stat:
         if ns.size == 0:
             return cls(*([float("nan")] * 5))
         mean, p = percentiles_ns(ns, PERCENTILES)
+        return cls(mean / 1e6, *(x / 1e6 for x in p))
+
+    @classmethod
+    def of_ns_weighted(cls, ns: np.ndarray, weights: np.ndarray) -> Stat:
+        """The same of int64 nanoseconds each counted weights[i] times."""
+        if int(weights.sum()) == 0:
+            return cls(*([float("nan")] * 5))
+        mean, p = percentiles_ns(ns, PERCENTILES, weights)
+        return cls(mean / 1e6, *(x / 1e6 for x in p))
+
+    @classmethod
+    def of_served_ns(cls, r: Records, part: str, served: int) -> Stat:
+        """Of "queue" (batch start - arrival) or "end_to_end" (batch end - arrival) over
+        the `served` requests, read from the records in place (Records.served_ns's
+        values, without building them)."""
+        if served == 0:
+            return cls(*([float("nan")] * 5))
+        per_batch = r.batch_start_ns if part == "queue" else r.batch_end_ns
+        mean, p = percentiles_of_batches_ns(per_batch, r.batch, r.arrival_ns, served,
+                                            PERCENTILES)
         return cls(mean / 1e6, *(x / 1e6 for x in p))
 
     @classmethod
@@ -209,9 +230,26 @@ def variable_latency_s(sim: Simulation) -> np.ndarray:
     return e2e
 
 
+# Served requests from which the queue's percentiles run on a second thread (below,
+# starting a thread costs more than it saves).
+PARALLEL_STATS = 100_000
+
+
 def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
                  search: tuple[SearchStep, ...] = ()) -> Report:
     """All metrics of one simulation, and the plan figures at its GPU count."""
+    served = int(sim.records.batch_size.sum())
+    if served < PARALLEL_STATS:
+        return _build_report(sim, closed_form, search, None)
+    # The queue's percentiles are compiled and release the GIL: they run on a second core
+    # while the rest of the Report is worked out here.
+    with ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(Stat.of_served_ns, sim.records, "queue", served)
+        return _build_report(sim, closed_form, search, queued)
+
+
+def _build_report(sim: Simulation, closed_form: ClosedForm | None,
+                  search: tuple[SearchStep, ...], queued: Future[Stat] | None) -> Report:
     s, r, svc = sim.scenario, sim.records, sim.service
     counts = r.counts
     mbs = s.batching.max_batch_size
@@ -261,22 +299,24 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
         ),
     )
 
-    # Latencies from the int64 nanosecond records, one array at a time (memory: a run of
-    # 1e7 requests holds one temporary of 8 bytes a request here, not several floats).
+    # Latencies from the int64 nanosecond records, read in place (no array per request is
+    # built unless a latency outside the GPU varies per request).
     all_served = counts["served"] == counts["arrivals"]  # the common case: no mask
     lat = s.latency
     fetch_const = lat.is_constant("feature_fetch")
     net_const = lat.is_constant("network")
     n_served = counts["served"]
-    queue_stat = Stat.of_ns(r.served_ns("queue"))
-    gpu_stat = Stat.of_ns(r.served_ns("gpu"))
+    # queue + GPU is completion - arrival, kept in int64 when nothing else varies
+    e2e_ns = (Stat.of_served_ns(r, "end_to_end", n_served) if fetch_const and net_const
+              else None)
+    queue_stat = (queued.result() if queued is not None
+                  else Stat.of_served_ns(r, "queue", n_served))
+    gpu_stat = Stat.of_ns_weighted(*r.batch_gpu_ns())  # per batch, weighted by its size
     fetch_stat = (Stat.constant(lat.feature_fetch_ms) if fetch_const or not n_served
                   else Stat.of(sim.fetch_s if all_served else sim.fetch_s[r.served]))
     net_stat = (Stat.constant(lat.network_ms) if net_const or not n_served
                 else Stat.of(sim.network_s if all_served else sim.network_s[r.served]))
-    # queue + GPU is completion - arrival, kept in int64 when nothing else varies
-    e2e = (Stat.of_ns(r.served_ns("end_to_end")) if fetch_const and net_const
-           else Stat.of(variable_latency_s(sim)))
+    e2e = e2e_ns if e2e_ns is not None else Stat.of(variable_latency_s(sim))
     if fetch_const or net_const:  # constants shift every percentile by the same amount
         shift = (lat.feature_fetch_ms if fetch_const else 0.0) + (
             lat.network_ms if net_const else 0.0)

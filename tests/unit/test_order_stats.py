@@ -49,3 +49,43 @@ def test_a_million_latencies_equal_numpy():
     before = x.copy()
     percentiles_ns(x, PERCENTILES)
     assert np.array_equal(x, before)  # the input is left as it was
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 600), st.integers(0, 2**61), st.integers(0, 40), st.integers(0, 2**32))
+def test_weighted_values_equal_numpy_on_the_repeated_values(n, spread, most, seed):
+    """A batch's GPU time counted once per request in it: the same figures as the
+    per-request array, weights of 0 included."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-spread, spread + 1, n, dtype=np.int64)
+    w = rng.integers(0, most + 1, n)
+    if w.sum() == 0:
+        w[0] = 1
+    mean, got = percentiles_ns(x, QS, weights=w)
+    full = np.repeat(x, w)
+    mean_full, want = percentiles_ns(full, QS)
+    assert got == want == [float(v) for v in np.percentile(full, QS)]
+    assert mean == mean_full
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 800), st.integers(1, 200), st.integers(0, 2**40), st.floats(0, 0.9),
+       st.integers(0, 2**32))
+def test_values_gathered_from_batches_equal_numpy(n, batches, spread, lost, seed):
+    """A request's queue or latency read from its batch's start or end less its arrival,
+    in place: the figures of the array Records.served_ns would build (requests with no
+    batch, -1, left out)."""
+    from servelab.order_stats import percentiles_of_batches_ns
+
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(rng.integers(0, spread + 1, n, dtype=np.int64))
+    per_batch = rng.integers(0, 2 * spread + 1, batches, dtype=np.int64)
+    batch = rng.integers(0, batches, n).astype(np.int32)
+    batch[rng.random(n) < lost] = -1
+    if (batch < 0).all():
+        batch[0] = 0
+    served = batch >= 0
+    want = per_batch[batch[served]] - arrival[served]
+    mean, got = percentiles_of_batches_ns(per_batch, batch, arrival, int(served.sum()), QS)
+    assert got == [float(v) for v in np.percentile(want, QS)]
+    assert mean == percentiles_ns(want, QS)[0]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from servelab.batching.engine import huge_block
 from servelab.errors import InputError, cut, invalid
 from servelab.files import read_text
 from servelab.scenario import MAX_REQUESTS, MAX_SPAN_S, Arrival, Workload
@@ -106,7 +107,11 @@ def generate_arrivals(w: Workload, rng: np.random.Generator,
         trace: np.ndarray = t[:n] if n < t.size else t
         return trace
     if w.arrival is Arrival.POISSON:
-        gaps = rng.exponential(mean_gap_s, n)
+        # rng.exponential(mean_gap_s, n) to the bit (NumPy draws a standard exponential
+        # and scales it, one rounding), drawn into huge pages (see new_records)
+        gaps = huge_block(8 * n).view(np.float64)
+        rng.standard_exponential(out=gaps)
+        gaps *= mean_gap_s
     elif w.arrival is Arrival.CONSTANT:  # no running sum, so no rounding drift
         even: np.ndarray = np.rint(np.arange(1, n + 1) * (mean_gap_s * NS_PER_S))
         return even.astype(np.int64)

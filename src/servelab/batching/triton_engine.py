@@ -68,7 +68,6 @@ from servelab.batching.engine import (
     TIMED_OUT,
     heap_pop,
     heap_push,
-    new_records,
     start_batch,
 )
 
@@ -143,7 +142,7 @@ def run_batcher_triton(
     num_instances: int,
     max_queue_size: int,
     timeout_ns: int,
-    batch_cap: int,
+    records: tuple[np.ndarray, ...],
     batcher_first: float = 0.0,
     seed: int = 0,
 ) -> tuple[np.ndarray, ...]:
@@ -157,7 +156,8 @@ def run_batcher_triton(
     pref_floor, pref_above = preference_tables(is_pref, mbs)
     max_pref = pref_floor[mbs]
 
-    status, batch_of, b_size, b_start, b_end, b_inst = new_records(n, batch_cap)
+    status, batch_of, b_size, b_start, b_end, b_inst, queue = records
+    batch_cap = b_size.size
     busy_t = np.zeros(num_instances, np.int64)
     busy_i = np.zeros(num_instances, np.int64)
     n_busy = 0
@@ -169,7 +169,6 @@ def run_batcher_triton(
     # a payload). Requests taken into payloads are moved down to queue[:m_tail], in the
     # order they joined, each payload a segment there (the current one always the last):
     # m_tail <= p_head always, so the move never overwrites a queued request.
-    queue = np.empty(n, np.int32)
     p_head = 0
     tail = 0
     m_tail = 0
