@@ -138,9 +138,25 @@ class RedisStore:
     def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: Sequence[str],
                      now_us: int) -> tuple[list[list[Any]], list[str]]:
         replies = self._hmget(view, keys, features)
-        rows = [None if r[0] is None else (int(r[0]), *r[1:]) for r in replies]
-        return columns_from_rows(rows, oldest_valid_us(view, now_us), len(features),
-                                 [converter(view.dtype(f)) for f in features])
+        convs = [converter(view.dtype(f)) for f in features]
+        oldest = oldest_valid_us(view, now_us)
+        if len(replies) == 1:  # one key: columns_from_rows's own one-row path
+            r = replies[0]
+            return columns_from_rows([None if r[0] is None else (int(r[0]), *r[1:])], oldest,
+                                     len(features), convs)
+        # Many: the statuses from the stored times, then the replies transposed as they are
+        # (no row rebuilt with its time converted), each column converted in one map.
+        statuses = [MISSING if r[0] is None else (EXPIRED if int(r[0]) < oldest else PRESENT)
+                    for r in replies]
+        if not replies:
+            return [[] for _ in features], statuses
+        blank = (None,) * (len(features) + 1)
+        kept = replies if all(st is PRESENT for st in statuses) else [
+            r if st is PRESENT else blank for r, st in zip(replies, statuses, strict=True)]
+        cols = list(zip(*kept, strict=True))[1:]
+        return [list(map(c, col)) if None not in col else [None if v is None else c(v)
+                                                           for v in col]
+                for c, col in zip(convs, cols, strict=True)], statuses
 
     def one_key_reader(self, view: FeatureView, features: Sequence[str]) -> OneKeyRead:
         fields = ["_ts", *features]
