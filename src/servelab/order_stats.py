@@ -73,6 +73,30 @@ def _bit_length(v: int) -> int:
     return n
 
 
+_CHUNK = 4096  # values gathered from the batch records at a time
+
+
+@njit(cache=True, nogil=True)
+def _count(values: np.ndarray, w: Any, counts: np.ndarray, first: int, last: int, ng: int,
+           g_lo: np.ndarray, g_hi: np.ndarray, g_shift: np.ndarray, size: Any) -> None:
+    """Add each value (w[i] times, or once with w None) to the histogram of the interval it
+    falls in, if any (the ng intervals are disjoint and ascending)."""
+    shift = g_shift[0]
+    for i in range(values.size):
+        v = values[i]
+        if v < first or v > last:
+            continue
+        c = 1 if w is None else w[i]
+        if ng == 1:  # one interval (always so on the first pass): no search
+            counts[(v - first) >> shift] += c
+            continue
+        for g in range(ng):
+            if v <= g_hi[g]:
+                if v >= g_lo[g]:
+                    counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += c
+                break
+
+
 @njit(cache=True, nogil=True)
 def select_ranks(x: np.ndarray, w: Any, batch: Any, arrival: Any, ranks: np.ndarray,
                  lo: int, hi: int) -> np.ndarray:
@@ -107,50 +131,18 @@ def select_ranks(x: np.ndarray, w: Any, batch: Any, arrival: Any, ranks: np.ndar
         size = np.int64(1) << np.int64(_BITS)
         counts = np.zeros(ng * size, np.int64)
         first, last = g_lo[0], g_hi[ng - 1]
-        # One loop per source, the counting written out in each: a helper taking the
-        # arrays would cost a reference count per value.
-        shift = g_shift[0]
-        if batch is not None:
-            for i in range(batch.size):
-                b = batch[i]
-                if b < 0:
-                    continue
-                v = x[b] - arrival[i]
-                if v < first or v > last:
-                    continue
-                if ng == 1:
-                    counts[(v - first) >> shift] += 1
-                    continue
-                for g in range(ng):
-                    if v <= g_hi[g]:
-                        if v >= g_lo[g]:
-                            counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += 1
-                        break
-        elif w is not None:
-            for i in range(x.size):
-                v = x[i]
-                if v < first or v > last:
-                    continue
-                if ng == 1:
-                    counts[(v - first) >> shift] += w[i]
-                    continue
-                for g in range(ng):
-                    if v <= g_hi[g]:
-                        if v >= g_lo[g]:
-                            counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += w[i]
-                        break
-        else:
-            for v in x:
-                if v < first or v > last:
-                    continue
-                if ng == 1:
-                    counts[(v - first) >> shift] += 1
-                    continue
-                for g in range(ng):
-                    if v <= g_hi[g]:
-                        if v >= g_lo[g]:
-                            counts[g * size + ((v - g_lo[g]) >> g_shift[g])] += 1
-                        break
+        if batch is None:
+            _count(x, w, counts, first, last, ng, g_lo, g_hi, g_shift, size)
+        else:  # gathered a chunk at a time into a buffer that stays in cache
+            buf = np.empty(_CHUNK, np.int64)
+            for lo_i in range(0, batch.size, _CHUNK):
+                m = 0
+                for i in range(lo_i, min(lo_i + _CHUNK, batch.size)):
+                    b = batch[i]
+                    if b >= 0:
+                        buf[m] = x[b] - arrival[i]
+                        m += 1
+                _count(buf[:m], None, counts, first, last, ng, g_lo, g_hi, g_shift, size)
         for j in range(k):
             g = g_of[j]
             if g < 0:
