@@ -8,7 +8,9 @@ passes: the range and sum, then one histogram pass per 16 bits of the range
 same pass. The input is not modified and nothing the size of the input is
 allocated. Values may come with whole-number weights (each value counted that many
 times): a batch's GPU time weighted by its size has the order statistics of the
-per-request GPU times, from a fifth as many values.
+per-request GPU times, from a fifth as many values. Or they may be read in place
+from the batch records, a request's batch start or end less its arrival: its queue
+time or its latency, without an array of them.
 
 The percentile from the order statistics is NumPy's default ``linear`` method
 (Hyndman and Fan's 7th), written as NumPy 2 computes it, so the two agree to
