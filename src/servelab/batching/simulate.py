@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from servelab.batching.arrivals import generate_arrivals
 from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT, new_records, run_batcher
@@ -72,11 +71,15 @@ class Records:
         """Per served request, in arrival order, a new int64 array of nanoseconds:
         "queue" (batch start - arrival), "gpu" (batch end - start) or "end_to_end"
         (batch end - arrival), gathered from the batch arrays."""
+        served = None if self.batch.size == 0 or int(self.batch.min()) >= 0 else (
+            self.batch >= 0)  # None: every request was served, no mask needed
+        b = self.batch if served is None else self.batch[served]
         if part == "gpu":
-            return _gathered(self.batch_end_ns - self.batch_start_ns, self.batch,
-                             self.arrival_ns, False)
-        return _gathered(self.batch_start_ns if part == "queue" else self.batch_end_ns,
-                         self.batch, self.arrival_ns, True)
+            gpu: np.ndarray = (self.batch_end_ns - self.batch_start_ns)[b]
+            return gpu
+        out: np.ndarray = (self.batch_start_ns if part == "queue" else self.batch_end_ns)[b]
+        out -= self.arrival_ns if served is None else self.arrival_ns[served]
+        return out
 
     def batch_gpu_ns(self) -> tuple[np.ndarray, np.ndarray]:
         """Each batch's GPU time and its size: the per-request GPU times are these, each
@@ -99,25 +102,6 @@ class Records:
             "rejected": self.count(REJECTED),
             "timed_out": self.count(TIMED_OUT),
         }
-
-
-@njit(cache=True, nogil=True)
-def _gathered(per_batch: np.ndarray, batch: np.ndarray, arrival: np.ndarray,
-              less_arrival: bool) -> np.ndarray:
-    """per_batch[batch[i]] (minus arrival[i]) for each served request (batch >= 0), in
-    order: one pass, one array out."""
-    served = 0
-    for i in range(batch.size):
-        if batch[i] >= 0:
-            served += 1
-    out = np.empty(served, np.int64)
-    j = 0
-    for i in range(batch.size):
-        b = batch[i]
-        if b >= 0:
-            out[j] = per_batch[b] - arrival[i] if less_arrival else per_batch[b]
-            j += 1
-    return out
 
 
 def simulate_policy(

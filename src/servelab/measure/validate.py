@@ -50,7 +50,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -601,9 +601,7 @@ def with_sizes(prof: Profile, counts: dict[int, tuple[int, int]], min_batches: i
     rows = {b: ms * scale for b, ms in base.items()}
     for k, ms in seen.items():
         rows[k] = max(ms - per_req * k, 1e-6)  # the measured time for k requests
-    out = Profile(rows_ms=rows, per_request_ms=per_req, outside_ms=prof.outside_ms,
-                  low_load_ms=prof.low_load_ms, server_ms=prof.server_ms, probe=prof.probe,
-                  notes=list(prof.notes), host_cpu_steal=prof.host_cpu_steal)
+    out = replace(prof, rows_ms=rows, notes=list(prof.notes), calibration=None)
     info = {"sizes_ms": {str(k): v for k, v in sorted(seen.items())},
             "batches": {str(k): weight[k] for k in sorted(seen)}, "profile_scale": scale}
     return out, info
@@ -688,12 +686,12 @@ def notes_for(rows: list[dict[str, Any]], prof: Profile | None = None) -> list[s
             notes.append(f"while profiling, the hypervisor gave {prof.host_cpu_steal:.0%} of "
                          "this virtual machine's CPU time to others (steal): the profile "
                          "may read slow; measure on a machine of your own")
-    if prof is not None and prof.calibration is not None:
-        c = prof.calibration
-        notes.append("the profile was calibrated under open-loop load (the saturation "
-                     f"search's steps): batch sizes {', '.join(c['sizes_ms'])} as the server "
-                     f"ran them, the closed-loop profile x{c['profile_scale']:.2f} elsewhere; "
-                     "each rate's closed_loop_profile holds the uncalibrated prediction")
+        if (c := prof.calibration) is not None:
+            notes.append("the profile was calibrated under open-loop load (the saturation "
+                         f"search's steps): batch sizes {', '.join(c['sizes_ms'])} as the "
+                         f"server ran them, the closed-loop profile x{c['profile_scale']:.2f}"
+                         " elsewhere; each rate's closed_loop_profile holds the uncalibrated "
+                         "prediction")
     for r in rows:
         drift = r.get("probe_drift", 1.0)
         if abs(drift - 1.0) > 0.05:

@@ -222,10 +222,17 @@ def columns_from_rows(rows: list[Any], oldest_us: int, n_features: int,
         return [[None] for _ in range(n_features)], [MISSING if missing else EXPIRED]
     statuses = [MISSING if r is None or r[0] is None else
                 (EXPIRED if r[0] < oldest_us else PRESENT) for r in rows]
+    return columns_given(rows, statuses, n_features, convs), statuses
+
+
+def columns_given(rows: list[Any], statuses: list[str], n_features: int,
+                  convs: list[Callable[[Any], Any]] | None) -> list[list[Any]]:
+    """The feature columns of rows (each a stored time, then the values) whose statuses
+    are known: None where not present, converted by `convs` unless None."""
     if _all_present(statuses) and convs is None:  # the hot path
         if not rows:
-            return [[] for _ in range(n_features)], statuses
-        return [list(c) for c in zip(*rows, strict=True)][1:], statuses
+            return [[] for _ in range(n_features)]
+        return [list(c) for c in zip(*rows, strict=True)][1:]
     blank = (None,) * (n_features + 1)
     kept = [r if st is PRESENT else blank for r, st in zip(rows, statuses, strict=True)]
     cols = [list(c) for c in zip(*kept, strict=True)][1:] if kept else \
@@ -234,7 +241,7 @@ def columns_from_rows(rows: list[Any], oldest_us: int, n_features: int,
         cols = [list(map(c, col)) if None not in col else [None if v is None else c(v)
                                                            for v in col]
                 for c, col in zip(convs, cols, strict=True)]
-    return cols, statuses
+    return cols
 
 
 PRESENT, EXPIRED, MISSING = (Status.PRESENT.value, Status.EXPIRED.value,

@@ -25,6 +25,7 @@ from servelab.features.online import (
     OnlineValue,
     Status,
     columns_from_rows,
+    columns_given,
     converter,
     entity_key,
     oldest_valid_us,
@@ -144,19 +145,11 @@ class RedisStore:
             r = replies[0]
             return columns_from_rows([None if r[0] is None else (int(r[0]), *r[1:])], oldest,
                                      len(features), convs)
-        # Many: the statuses from the stored times, then the replies transposed as they are
-        # (no row rebuilt with its time converted), each column converted in one map.
+        # Many: the statuses from the stored times, then the replies' columns as they are
+        # (no row rebuilt with its time converted first).
         statuses = [MISSING if r[0] is None else (EXPIRED if int(r[0]) < oldest else PRESENT)
                     for r in replies]
-        if not replies:
-            return [[] for _ in features], statuses
-        blank = (None,) * (len(features) + 1)
-        kept = replies if all(st is PRESENT for st in statuses) else [
-            r if st is PRESENT else blank for r, st in zip(replies, statuses, strict=True)]
-        cols = list(zip(*kept, strict=True))[1:]
-        return [list(map(c, col)) if None not in col else [None if v is None else c(v)
-                                                           for v in col]
-                for c, col in zip(convs, cols, strict=True)], statuses
+        return columns_given(replies, statuses, len(features), convs), statuses
 
     def one_key_reader(self, view: FeatureView, features: Sequence[str]) -> OneKeyRead:
         fields = ["_ts", *features]
