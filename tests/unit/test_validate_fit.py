@@ -130,6 +130,13 @@ def test_the_profile_is_calibrated_by_the_batches_the_server_ran_under_load():
     assert under_load(prof, {2: (n - 1, 10**9)}) is prof
     assert under_load(prof, {}) is prof
     assert "calibrated under open-loop load" in " ".join(notes_for([], cal))
+    # a profile that also measured k one-row requests directly (as profile_server does):
+    # the calibration's times still win at the sizes it ran
+    direct = Profile(rows_ms=prof.rows_ms, requests_ms={3: 3.6}, per_request_ms=0.1,
+                     outside_ms=prof.outside_ms, probe=prof.probe)
+    rows = fitted_rows_ms(under_load(direct, seen))
+    assert rows[3] == pytest.approx(2.55 - 0.3)
+    assert rows[1] == pytest.approx(1.4 - 0.1)
 
 
 def _search(monkeypatch, keeps_up_below: float, closed: float = 1000.0):

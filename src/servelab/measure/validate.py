@@ -601,7 +601,9 @@ def with_sizes(prof: Profile, counts: dict[int, tuple[int, int]], min_batches: i
     rows = {b: ms * scale for b, ms in base.items()}
     for k, ms in seen.items():
         rows[k] = max(ms - per_req * k, 1e-6)  # the measured time for k requests
-    out = replace(prof, rows_ms=rows, notes=list(prof.notes), calibration=None)
+    # (no requests_ms: fitted_rows_ms would put the profile's own times back at them)
+    out = replace(prof, rows_ms=rows, requests_ms={}, notes=list(prof.notes),
+                  calibration=None)
     info = {"sizes_ms": {str(k): v for k, v in sorted(seen.items())},
             "batches": {str(k): weight[k] for k in sorted(seen)}, "profile_scale": scale}
     return out, info
