@@ -89,3 +89,43 @@ def test_values_gathered_from_batches_equal_numpy(n, batches, spread, lost, seed
     mean, got = percentiles_of_batches_ns(per_batch, batch, arrival, int(served.sum()), QS)
     assert got == [float(v) for v in np.percentile(want, QS)]
     assert mean == percentiles_ns(want, QS)[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3000), st.integers(1, 64), st.integers(0, 2**40), st.integers(0, 5),
+       st.integers(0, 2**32))
+def test_values_outside_the_sample_still_equal_numpy(n, sample, spread, kind, seed):
+    """The first pass's buckets span only a strided sample's range: values beyond it fall
+    in open buckets at either end, several ranks can share one, and a sample can draw
+    nothing at all (every drawn value weightless, or its request unserved). A few
+    samples make those the common case; the result must not change."""
+    from unittest import mock
+
+    from servelab import order_stats
+    from servelab.order_stats import percentiles_of_batches_ns
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, spread + 1, n, dtype=np.int64)
+    if kind == 1:  # outliers at the positions a stride passes over
+        x[1::2] += spread * 4 + 1
+    with mock.patch.object(order_stats, "_SAMPLE", sample):
+        if kind in (0, 1):
+            check(x)
+        elif kind == 2:
+            w = rng.integers(0, 4, n)
+            w[:: max(1, n // sample)] = 0  # the sampled values weigh nothing
+            if w.sum() == 0:
+                w[-1] = 1
+            full = np.repeat(x, w)
+            assert percentiles_ns(x, QS, weights=w)[1] == [float(v) for v in
+                                                          np.percentile(full, QS)]
+        else:
+            batch = rng.integers(0, 50, n).astype(np.int32)
+            batch[:: max(1, n // sample)] = -1  # the sampled requests were not served
+            batch[-1] = max(batch[-1], 0) if (batch < 0).all() else batch[-1]
+            per_batch = rng.integers(0, 2 * spread + 1, 50, dtype=np.int64)
+            arrival = np.sort(x)
+            served = batch >= 0
+            want = per_batch[batch[served]] - arrival[served]
+            got = percentiles_of_batches_ns(per_batch, batch, arrival, int(served.sum()), QS)
+            assert got[1] == [float(v) for v in np.percentile(want, QS)]
