@@ -141,3 +141,45 @@ def test_batcher_first_agrees_with_the_simpy_model_too(case):
     np.testing.assert_array_equal(r.status, ref["status"])
     np.testing.assert_array_equal(r.start_ns, ref["start_ns"])
     np.testing.assert_array_equal(r.end_ns, ref["end_ns"])
+
+
+@st.composite
+def quiet_cases(draw):
+    """Policies the Triton engine runs on its quiet path (no timeout, no queue limit, a
+    window of at least 1 us, no preferred size below the largest), with arrivals and
+    service times to the nanosecond (the window's whole microseconds are recomputed at
+    each completion) and on a coarse grid (ties with timers and completions)."""
+    mbs = draw(st.integers(2, 8))
+    policy = BatchingPolicy(
+        max_batch_size=mbs,
+        preferred_batch_size=draw(st.sampled_from([(), (mbs,)])),
+        max_queue_delay_microseconds=draw(st.sampled_from([1, 7, 250, 1000, 3000])),
+        closing=Closing.TRITON,
+    )
+    n = draw(st.integers(1, 300))
+    grid = draw(st.sampled_from([1, 50 * US]))
+    gaps = draw(st.lists(st.integers(0, 20 * 50 * US // grid), min_size=n, max_size=n))
+    arrivals = np.cumsum(np.asarray(gaps, dtype=np.int64) * grid)
+    base = draw(st.integers(1, 2000 * US // grid)) * grid
+    per_row = draw(st.integers(0, 400 * US // grid)) * grid
+    table = np.array([0.0] + [base + per_row * b for b in range(1, mbs + 1)])
+    seed = draw(st.integers(0, 2**32 - 1))
+    mult = (np.random.default_rng(seed).exponential(1.0, n) if draw(st.booleans())
+            else np.ones(n))
+    return policy, draw(st.integers(1, 3)), arrivals, table, mult
+
+
+@SETTINGS
+@given(quiet_cases())
+def test_the_quiet_path_agrees_with_the_simpy_model(case):
+    """The Triton engine's fast path for a batcher that keeps up (`_quiet_run`) hands
+    over to the general loop and back whenever a payload would wait or a full batch
+    leaves requests queued: request by request the same as the SimPy model."""
+    policy, c, arrivals, table, mult = case
+    r = simulate_policy(arrivals, table, mult, policy, c)
+    ref = simulate_simpy_triton(arrivals, table, mult, set(policy.preferred_batch_size),
+                                policy.max_batch_size, policy.max_queue_delay_microseconds * US,
+                                c)
+    np.testing.assert_array_equal(r.status, ref["status"])
+    np.testing.assert_array_equal(r.start_ns, ref["start_ns"])
+    np.testing.assert_array_equal(r.end_ns, ref["end_ns"])

@@ -75,6 +75,13 @@ _NEVER = np.int64(1) << np.int64(62)
 IDLE_WAIT_NS = 500_000_000  # default_wait_microseconds = 500 * 1000
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _ring(i: int, cap: int) -> int:
+    """Index i (0 to 2 * cap - 1) of a ring of cap slots: a compare, where ``i % cap``
+    is a division (Python's, with its sign fix-up) that cost 5% of a run."""
+    return i - cap if i >= cap else i
+
+
 @njit(cache=True, nogil=True)
 def preference_tables(is_pref: np.ndarray, max_batch_size: int
                       ) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +95,7 @@ def preference_tables(is_pref: np.ndarray, max_batch_size: int
     return floor, above
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # as a call it took 9% of a run
 def get_dynamic_batch(q: int, k: int, age_ns: int, is_pref: np.ndarray, pref_floor: np.ndarray,
                       pref_above: np.ndarray, max_pref: int, max_batch_size: int,
                       delay_ns: int, saturated: bool) -> tuple[int, int, bool, int]:
@@ -129,6 +136,94 @@ def get_dynamic_batch(q: int, k: int, age_ns: int, is_pref: np.ndarray, pref_flo
     if wait_us == 0:
         return pending, 0, saturated, nxt
     return 0, wait_us, saturated, nxt
+
+
+@njit(cache=True, nogil=True)
+def _quiet_run(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarray,
+               is_pref: np.ndarray, pref_floor: np.ndarray, pref_above: np.ndarray,
+               mbs: int, delay_ns: int, records: tuple[np.ndarray, ...],
+               busy_t: np.ndarray, busy_i: np.ndarray, idle_k: np.ndarray, idle_i: np.ndarray,
+               n_busy: int, n_idle: int, head: int, nxt: int, nb: int, timer: int,
+               timer_idle: bool, next_pref: int) -> tuple[int, int, int, int, int, int, bool, int]:
+    """The run an instant at a time while every payload is taken the moment it is handed
+    over, without the general loop's cases: the common state of a batcher that keeps up,
+    and 2x faster (the seed's million requests in 15 ms here instead of 30).
+
+    Valid for a policy with no timeout, no queue limit, no batcher-first race, a window
+    of at least 1 us and no preferred size below max_batch_size (``quiet`` below), from
+    one of two states: nothing queued and the thread asleep on an empty queue, or
+    requests queued and the thread waiting for the window to close; the rate limiter's
+    queue is empty and the current payload closed in both. Then no request is rejected
+    or removed, so the queue holds request ids in order (queue[i] == i, p_head ==
+    m_tail == head, tail == nxt) and each instant comes down to: instances finishing
+    then arrivals, and the thread, if woken, either waiting for the window or handing
+    the whole queue over to an idle instance. Each instant's outcome is worked out by
+    Triton's rule (`get_dynamic_batch`) before anything changes, and the run returns
+    before an instant that would leave a payload waiting (no instance idle) or requests
+    queued behind a full batch, for the general loop to take. Returns the state the
+    general loop would have reached (its payload ring's position aside, which only
+    matters relative to its head)."""
+    status, batch_of, b_size, b_start, b_end, b_inst, queue = records
+    n = arrival_ns.size
+    while nb < b_size.size:  # out of room: the general loop returns for more
+        q = nxt - head
+        c = busy_t[0] if n_busy > 0 else _NEVER
+        if q > 0:  # arrivals before every other event that do not wake the thread
+            before = min(c, timer)
+            while nxt < n and q + 1 < next_pref and arrival_ns[nxt] < before:
+                queue[nxt] = nxt
+                nxt += 1
+                q += 1
+        t = arrival_ns[nxt] if nxt < n else _NEVER
+        t = min(t, c) if q == 0 else min(t, c, timer)  # asleep on an empty queue: no timer
+        if t == _NEVER:
+            break
+        arrived = 0  # arrivals at this instant
+        while nxt + arrived < n and arrival_ns[nxt + arrived] == t:
+            arrived += 1
+        q_now = q + arrived
+        if not (c == t or (q > 0 and timer == t) or (arrived > 0 and q_now >= next_pref)):
+            for j in range(nxt, nxt + arrived):  # arrivals that only join the queue
+                queue[j] = j
+            nxt += arrived
+            continue
+        take = 0
+        wait_us = 0
+        np_ = 0
+        if q_now > 0:  # the thread looks at the queue (else it goes back to sleep)
+            age = t - (arrival_ns[head] if q > 0 else t)
+            take, wait_us, _, np_ = get_dynamic_batch(q_now, 0, age, is_pref, pref_floor,
+                                                      pref_above, mbs, mbs, delay_ns, False)
+            if take > 0 and (take < q_now or (n_idle == 0 and c != t)):
+                break  # requests left queued, or a payload left waiting: the general loop
+            if take == 0 and wait_us == 0:
+                break
+        while n_busy > 0 and busy_t[0] <= t:  # the instant: instances finishing...
+            k_inst = heap_pop(busy_t, busy_i, n_busy)
+            n_busy -= 1
+            heap_push(idle_k, idle_i, n_idle, k_inst, k_inst)
+            n_idle += 1
+        for j in range(nxt, nxt + arrived):  # ...then arrivals...
+            queue[j] = j
+        nxt += arrived
+        if take > 0:  # ...then the thread: the queue to the idle instance, lowest first
+            inst = heap_pop(idle_k, idle_i, n_idle)
+            n_idle -= 1
+            done = start_batch(t, queue, head, take, nb, inst, exec_ns, multiplier,
+                               status, batch_of, b_size, b_start, b_end, b_inst)
+            heap_push(busy_t, busy_i, n_busy, done, inst)
+            n_busy += 1
+            nb += 1
+            head += take
+        if wait_us > 0:  # the window stays open
+            timer = t + wait_us * 1000
+            timer_idle = False
+            next_pref = np_
+        else:  # a new payload (NewPayload) and an empty queue: sleep
+            timer = t + IDLE_WAIT_NS
+            timer_idle = True
+            next_pref = 0
+    return n_busy, n_idle, head, nxt, nb, timer, timer_idle, next_pref
 
 
 @njit(cache=True, nogil=True)
@@ -189,8 +284,21 @@ def run_batcher_triton(
     cap = slots + 1
     if batcher_first > 0.0:
         np.random.seed(seed)
+    # The policies `_quiet_run` takes whenever the state allows (see there).
+    quiet = (timeout_ns == 0 and max_queue_size == 0 and batcher_first == 0.0
+             and delay_ns >= 1000 and mbs >= 2 and pref_floor[mbs - 1] == 0)
 
     while True:
+        if (quiet and rq_count == 0 and not (blocked or saturated or cp_stale or cp_open)
+                and m_tail == p_head and tail == nxt
+                and ((tail == p_head and timer_idle and next_pref == 0)
+                     or (tail > p_head and not timer_idle and next_pref == mbs))):
+            n_busy, n_idle, p_head, nxt, nb, timer, timer_idle, next_pref = _quiet_run(
+                arrival_ns, exec_ns, multiplier, is_pref, pref_floor, pref_above, mbs,
+                delay_ns, records, busy_t, busy_i, idle_k, idle_i, n_busy, n_idle, p_head,
+                nxt, nb, timer, timer_idle, next_pref)
+            m_tail = p_head
+            tail = nxt
         if nxt < n and (blocked or not timer_idle):
             # Arrivals that only join the queue, enqueued in a tight loop: those before
             # every other event (a completion, the thread's timer, the head's deadline)
@@ -272,7 +380,7 @@ def run_batcher_triton(
                     if rq_count == 1 and cp_open:
                         cp_open = False
                         cp_stale = True
-                    rq_head = (rq_head + 1) % cap
+                    rq_head = _ring(rq_head + 1, cap)
                     rq_count -= 1
                     inst = heap_pop(idle_k, idle_i, n_idle)
                     n_idle -= 1
@@ -306,7 +414,7 @@ def run_batcher_triton(
                 running = False
                 continue
             blocked = False
-            k = seg_len[(rq_head + rq_count - 1) % cap] if cp_open else 0
+            k = seg_len[_ring(rq_head + rq_count - 1, cap)] if cp_open else 0
             take, wait_us, saturated, np_ = get_dynamic_batch(
                 q, k, t - arrival_ns[queue[p_head]], is_pref, pref_floor, pref_above,
                 max_pref, mbs, delay_ns, saturated)
@@ -314,9 +422,9 @@ def run_batcher_triton(
                 next_pref = np_
             if take > 0:
                 if cp_open:
-                    seg_len[(rq_head + rq_count - 1) % cap] += take
+                    seg_len[_ring(rq_head + rq_count - 1, cap)] += take
                 else:
-                    slot = (rq_head + rq_count) % cap
+                    slot = _ring(rq_head + rq_count, cap)
                     seg_start[slot] = m_tail
                     seg_len[slot] = take
                     rq_count += 1
