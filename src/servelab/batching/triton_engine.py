@@ -60,6 +60,8 @@ arrivals, instances taking waiting payloads, the batcher thread, timeouts.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -143,8 +145,8 @@ def _quiet_run(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarr
                is_pref: np.ndarray, pref_floor: np.ndarray, pref_above: np.ndarray,
                mbs: int, delay_ns: int, records: tuple[np.ndarray, ...],
                busy_t: np.ndarray, busy_i: np.ndarray, idle_k: np.ndarray, idle_i: np.ndarray,
-               n_busy: int, n_idle: int, head: int, nxt: int, nb: int, timer: int,
-               timer_idle: bool, next_pref: int) -> tuple[int, int, int, int, int, int, bool, int]:
+               n_busy: int, n_idle: int, head: int, nxt: int, nb: int, timer: Any,
+               timer_idle: bool, next_pref: int) -> tuple[int, int, int, int, int, Any, bool, int]:
     """The run an instant at a time while every payload is taken the moment it is handed
     over, without the general loop's cases: the common state of a batcher that keeps up,
     and 2x faster (the seed's million requests in 15 ms here instead of 30).
@@ -174,7 +176,7 @@ def _quiet_run(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarr
                 queue[nxt] = nxt
                 nxt += 1
                 q += 1
-        t = arrival_ns[nxt] if nxt < n else _NEVER
+        t: Any = arrival_ns[nxt] if nxt < n else _NEVER
         t = min(t, c) if q == 0 else min(t, c, timer)  # asleep on an empty queue: no timer
         if t == _NEVER:
             break
