@@ -78,4 +78,26 @@ def test_running_sum_in_place_equals_numpy(n, mean_gap_s, shape, seed):
     NumPy's cumsum, scale and rint give, bit for bit."""
     gaps = np.random.default_rng(seed).gamma(shape, mean_gap_s / shape, n)
     want = np.rint(np.cumsum(gaps) * 1_000_000_000).astype(np.int64)
-    assert np.array_equal(_running_ns(gaps.copy()), want)
+    buf = gaps.copy()
+    _running_ns(buf)
+    assert np.array_equal(buf.view(np.int64), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5000), st.floats(1e-3, 1e7), st.lists(st.integers(0, 5000), max_size=6),
+       st.integers(0, 2**32))
+def test_poisson_drawn_in_parts_equals_one_draw(n, qps, cuts, seed):
+    """The engine starts on the first part of the arrivals while the next is drawn: any
+    parts give the times one draw of NumPy's exponential gaps gives, bit for bit."""
+    from servelab.batching.arrivals import arrival_draw
+    from servelab.scenario import Workload
+
+    gaps = np.random.default_rng(seed).exponential(1.0 / qps, n)
+    want = np.rint(np.cumsum(gaps) * 1_000_000_000).astype(np.int64)
+    drawn = arrival_draw(Workload(qps=qps, num_requests=n), np.random.default_rng(seed))
+    for cut in cuts:  # in any order: a part already drawn is not drawn again
+        before = drawn.drawn
+        drawn.draw(cut)
+        assert drawn.drawn == max(before, min(cut, n))
+    drawn.draw(n)
+    assert np.array_equal(drawn.ns, want)

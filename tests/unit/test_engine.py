@@ -143,3 +143,24 @@ def test_runs_of_small_batches_get_room_for_every_batch():
         r5 = simulate_policy(bunched, table, np.ones(1), BatchingPolicy(closing=closing), 1)
         assert r5.batch_size.size == n // 5
         assert (r5.batch_size == 5).all()
+
+
+def test_a_clock_past_int64_is_refused_when_a_later_part_shows_it():
+    """Arrivals are drawn in parts as the engine goes, each part checked before the engine
+    runs on it: a run whose worst case passes int64 nanoseconds only once most of its
+    arrivals are known is refused with the scenario's message, not run into overflow."""
+    import pytest
+
+    from servelab.api import run_simulate
+    from servelab.errors import InputError
+    from servelab.scenario import scenario_from_dict
+
+    def hour_long(n: int):  # type: ignore[no-untyped-def]
+        return scenario_from_dict({"workload": {"num_requests": n, "qps": 1000.0},
+                                   "model": {"kind": "constant", "latency_ms": 3.6e6}})
+
+    # 640,000 one-hour batches in a row pass 2**61 ns: the parts up to 589,824 arrivals
+    # pass the check, the next (655,360) does not
+    with pytest.raises(InputError, match=r"num_requests = 700,000: the run could reach"):
+        run_simulate(hour_long(700_000))
+    assert run_simulate(hour_long(600_000)).requests.served == 600_000

@@ -183,3 +183,85 @@ def test_the_quiet_path_agrees_with_the_simpy_model(case):
     np.testing.assert_array_equal(r.status, ref["status"])
     np.testing.assert_array_equal(r.start_ns, ref["start_ns"])
     np.testing.assert_array_equal(r.end_ns, ref["end_ns"])
+
+
+def run_in_parts(policy, c, arrivals, table, mult, parts, seed):
+    """The engine called a part at a time, as simulate_policy calls it, but with each part
+    filled in only just before the call: the arrivals past it read as garbage (before
+    every arrival), so a call that looked past its part would change the records."""
+    from servelab.batching.engine import (
+        DONE,
+        MORE_ROOM,
+        S_NB,
+        more_room,
+        new_records,
+        new_state,
+        run_batcher,
+    )
+    from servelab.batching.triton_engine import run_batcher_triton
+
+    n = arrivals.size
+    buf = np.full(n, -(2**40), np.int64)
+    preferred = np.zeros(policy.max_batch_size + 1, np.bool_)
+    preferred[list(policy.effective_preferred)] = True
+    records, state = new_records(n, 1), new_state(c)  # little room: more as it goes
+    args = (buf, table.astype(np.float64), mult.astype(np.float64), preferred,
+            policy.max_batch_size, policy.max_queue_delay_microseconds * US, c,
+            policy.max_queue_size, policy.default_timeout_microseconds * US)
+    for limit in [*parts, n]:
+        buf[:limit] = arrivals[:limit]
+        while True:
+            code = (run_batcher_triton(*args, records, state, limit, policy.batcher_first, seed)
+                    if policy.closing is Closing.TRITON else
+                    run_batcher(*args, records, state, limit))
+            if code != MORE_ROOM:
+                break
+            records = more_room(records, int(state[0][S_NB]))
+    assert code == DONE
+    nb = int(state[0][S_NB])
+    status, batch, size, start, end, inst, _ = records
+    return status, batch, size[:nb], start[:nb], end[:nb], inst[:nb]
+
+
+@SETTINGS
+@given(st.one_of(cases(), quiet_cases()), st.lists(st.integers(1, 300), max_size=8),
+       st.sampled_from([0.0, 0.0, 0.5, 1.0]))
+def test_a_run_in_parts_equals_a_run_at_once(case, cuts, batcher_first):
+    """A run goes a part of the arrivals at a time while the next part is drawn: each
+    call stops before the first instant it may not know every arrival of, and the next
+    goes on from its state, to the same records as one call."""
+    policy, c, arrivals, table, mult = case
+    policy = replace(policy, batcher_first=batcher_first)
+    whole = simulate_policy(arrivals, table, mult, policy, c, seed=3)
+    parts = sorted({min(k, arrivals.size) for k in cuts})
+    got = run_in_parts(policy, c, arrivals, table, mult, parts, 3)
+    for field, value in zip(("status", "batch", "batch_size", "batch_start_ns",
+                             "batch_end_ns", "batch_instance"), got, strict=True):
+        np.testing.assert_array_equal(value, getattr(whole, field), err_msg=field)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases(), st.integers(1, 8), st.integers(1, 30))
+def test_arrivals_drawn_on_a_second_thread_give_the_same_run(case, first, part):
+    """simulate_policy with `draw`: the parts drawn in order on another thread while the
+    engine runs, handed over part by part; the same records as the arrivals given whole."""
+    from unittest import mock
+
+    from servelab.batching import simulate as sim
+
+    policy, c, arrivals, table, mult = case
+    whole = simulate_policy(arrivals, table, mult, policy, c)
+    buf = np.full(arrivals.size, -(2**40), np.int64)
+    drawn = []
+
+    def draw(upto: int) -> None:
+        buf[:upto] = arrivals[:upto]
+        drawn.append(upto)
+
+    with mock.patch.object(sim, "FIRST_PART", first), mock.patch.object(sim, "PART", part):
+        parted = simulate_policy(buf, table, mult, policy, c, draw=draw)
+    assert drawn == sorted(drawn)
+    assert drawn[-1] == arrivals.size
+    for field in ("status", "batch", "batch_size", "batch_start_ns", "batch_end_ns",
+                  "batch_instance"):
+        np.testing.assert_array_equal(getattr(parted, field), getattr(whole, field))

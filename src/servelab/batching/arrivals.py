@@ -72,16 +72,59 @@ def to_ns(seconds: np.ndarray, field: str) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _running_ns(gaps_s: np.ndarray) -> np.ndarray:
-    """The running sum of gaps (seconds) as int64 ns, written over the gaps' own buffer:
-    the same values as ``np.rint(np.cumsum(gaps) * 1e9).astype(np.int64)`` (a running sum
-    adds in order, as cumsum does) in one pass and no temporary the size of the run."""
-    out = gaps_s.view(np.int64)
-    total = 0.0
-    for i in range(gaps_s.size):
-        total += gaps_s[i]  # read before the same slot is written below
+def _running_ns(gaps: np.ndarray, scale: float = 1.0, total: float = 0.0) -> float:
+    """Turn gaps (times `scale` seconds) into arrival times, int64 ns written over the
+    gaps' own buffer, from a running sum that starts at `total`; returns the sum at the
+    end, to go on from. The same values as ``np.rint(np.cumsum(gaps * scale) * 1e9)``
+    (each gap scaled with one rounding, then added in order, as cumsum does) in one pass
+    and no temporary the size of the run."""
+    out = gaps.view(np.int64)
+    for i in range(gaps.size):
+        total += gaps[i] * scale  # read before the same slot is written below
         out[i] = np.int64(np.rint(total * 1e9))
-    return out
+    return total
+
+
+class ArrivalDraw:
+    """A run's arrival times (int64 ns, sorted) in `ns`, drawn a part at a time:
+    ``draw(upto)`` fills ``ns[:upto]``, so the engine can start on the first part while
+    the next is drawn. Poisson gaps come from the generator in order, whatever the parts,
+    so the times are those of one draw of them all; other processes are drawn whole."""
+
+    def __init__(self, ns: np.ndarray, drawn: int,
+                 rng: np.random.Generator | None = None, mean_gap_s: float = 0.0) -> None:
+        self.ns = ns
+        self.drawn = drawn
+        self._rng = rng
+        self._mean_gap_s = mean_gap_s
+        self._total = 0.0
+
+    @property
+    def size(self) -> int:
+        return int(self.ns.size)
+
+    def draw(self, upto: int) -> None:
+        """Arrivals up to `upto` (not past the run), after those drawn already."""
+        upto = min(upto, self.ns.size)
+        if upto <= self.drawn:
+            return
+        assert self._rng is not None
+        # rng.exponential(mean_gap_s, n) to the bit: NumPy draws a standard exponential
+        # and scales it, one rounding (done in the running sum)
+        gaps = self.ns[self.drawn:upto].view(np.float64)
+        self._rng.standard_exponential(out=gaps)
+        self._total = _running_ns(gaps, self._mean_gap_s, self._total)
+        self.drawn = upto
+
+
+def arrival_draw(w: Workload, rng: np.random.Generator,
+                 base_dir: str | Callable[[str, str], Path] | None = ".") -> ArrivalDraw:
+    """The workload's arrivals, Poisson ones not drawn yet (see ArrivalDraw)."""
+    if w.arrival is Arrival.POISSON:  # into huge pages (see engine.new_records)
+        return ArrivalDraw(huge_block(8 * w.num_requests).view(np.int64), 0, rng,
+                           1.0 / w.qps)
+    ns = _drawn_whole(w, rng, base_dir)
+    return ArrivalDraw(ns, ns.size)
 
 
 def generate_arrivals(w: Workload, rng: np.random.Generator,
@@ -91,6 +134,13 @@ def generate_arrivals(w: Workload, rng: np.random.Generator,
     A trace starts at its first arrival. `base_dir` resolves a relative trace path, or
     is the scenario's own resolver (which applies the lab's sandbox).
     """
+    arrivals = arrival_draw(w, rng, base_dir)
+    arrivals.draw(arrivals.size)
+    return arrivals.ns
+
+
+def _drawn_whole(w: Workload, rng: np.random.Generator,
+                 base_dir: str | Callable[[str, str], Path] | None) -> np.ndarray:
     n = w.num_requests
     mean_gap_s = 1.0 / w.qps
     if w.arrival is Arrival.TRACE:
@@ -106,16 +156,12 @@ def generate_arrivals(w: Workload, rng: np.random.Generator,
             t = load_trace(path)
         trace: np.ndarray = t[:n] if n < t.size else t
         return trace
-    if w.arrival is Arrival.POISSON:
-        # rng.exponential(mean_gap_s, n) to the bit (NumPy draws a standard exponential
-        # and scales it, one rounding), drawn into huge pages (see new_records)
-        gaps = huge_block(8 * n).view(np.float64)
-        rng.standard_exponential(out=gaps)
-        gaps *= mean_gap_s
-    elif w.arrival is Arrival.CONSTANT:  # no running sum, so no rounding drift
+    if w.arrival is Arrival.CONSTANT:  # no running sum, so no rounding drift
         even: np.ndarray = np.rint(np.arange(1, n + 1) * (mean_gap_s * NS_PER_S))
         return even.astype(np.int64)
-    else:  # gamma with a coefficient of variation: shape 1/cv^2, same mean
-        shape = 1.0 / (w.cv * w.cv)
-        gaps = rng.gamma(shape, mean_gap_s / shape, n)
-    return _running_ns(gaps)
+    # gamma with a coefficient of variation: shape 1/cv^2, same mean
+    shape = 1.0 / (w.cv * w.cv)
+    gaps = rng.gamma(shape, mean_gap_s / shape, n)
+    _running_ns(gaps)
+    out: np.ndarray = gaps.view(np.int64)
+    return out

@@ -171,6 +171,41 @@ def new_records(n: int, batch_cap: int) -> tuple[np.ndarray, ...]:
     return status, batch_of, b_size, b_start, b_end, b_inst, queue
 
 
+def more_room(records: tuple[np.ndarray, ...], nb: int) -> tuple[np.ndarray, ...]:
+    """The same records with room for twice as many batches, the first nb copied."""
+    status, batch_of, b_size, b_start, b_end, b_inst, queue = records
+    _, _, size, start, end, inst, _ = new_records(0, 2 * b_size.size)
+    for new, old in ((size, b_size), (start, b_start), (end, b_end), (inst, b_inst)):
+        new[:nb] = old[:nb]
+    return status, batch_of, size, start, end, inst, queue
+
+
+# What an engine keeps between calls, so a run can go a part of the arrivals at a time:
+# its scalars in one int64 array (these indices), then its instance heaps and payload ring.
+(S_NXT, S_NB, S_HEAD, S_TAIL, S_N_BUSY, S_N_IDLE, S_M_TAIL, S_RQ_HEAD, S_RQ_COUNT,
+ S_CP_OPEN, S_CP_STALE, S_SATURATED, S_NEXT_PREF, S_TIMER, S_TIMER_IDLE, S_BLOCKED,
+ S_SEEDED) = range(17)
+# What a call returns: the run is over; it stopped before the first instant it may not
+# know every arrival of; it stopped for room for more batches (see `more_room`).
+DONE, MORE_ARRIVALS, MORE_ROOM = 0, 1, 2
+
+
+def new_state(num_instances: int) -> tuple[np.ndarray, ...]:
+    """A run's state before its first call: every instance idle, nothing queued, the
+    batcher thread asleep on the empty queue. Scalars, then the heap of busy instances
+    (free time, index), the heap of idle ones (index, index), and the rate limiter's ring
+    of payloads (start, length) with room for 2 per instance (the Triton engine's)."""
+    scalars = np.zeros(17, np.int64)
+    scalars[S_N_IDLE] = num_instances
+    scalars[S_TIMER_IDLE] = 1
+    idle = np.arange(num_instances, dtype=np.int64)  # sorted: a heap already
+    ring = 2 * num_instances + 1
+    return (scalars, np.zeros(num_instances, np.int64), np.zeros(num_instances, np.int64),
+            idle, idle.copy(), np.zeros(ring, np.int64), np.zeros(ring, np.int64))
+
+
+
+
 @njit(cache=True, nogil=True)  # nogil: the lab runs simulations on threads
 def run_batcher(
     arrival_ns: np.ndarray,
@@ -183,20 +218,25 @@ def run_batcher(
     max_queue_size: int,
     timeout_ns: int,
     records: tuple[np.ndarray, ...],
-) -> tuple[np.ndarray, ...]:
-    """Run the batcher over sorted arrivals.
+    state: tuple[np.ndarray, ...],
+    limit: int,
+) -> int:
+    """Run the batcher over sorted arrivals, as far as the first `limit` of them allow.
 
     ``exec_ns[b]`` is the mean execution time of a batch of b rows; the k-th
     batch dispatched takes ``exec_ns[b] * multiplier[k]`` (at least 1 ns).
     ``preferred[b]`` is True for each preferred batch size. ``records`` is
-    ``new_records(n, batch_cap)``, filled in here: the per-batch records have room for
-    ``batch_cap`` batches; a run that needs more stops and returns no batches
-    (``simulate_policy`` runs it again with room for one batch per request).
+    ``new_records(n, batch_cap)``, filled in here: per request its status and batch
+    (-1 unless served), per batch its size, start_ns, end_ns and instance. A request's
+    start and end are its batch's (see ``simulate.Records``). Request ids (int32) must
+    be below 2**31.
 
-    Returns per request (status, batch) and per batch (size, start_ns, end_ns,
-    instance), the batch arrays as views of their first ``nb`` entries; ``batch`` is
-    -1 unless served. A request's start and end are its batch's (see
-    ``simulate.Records``). Request ids (int32) must be below 2**31.
+    ``state`` is ``new_state(num_instances)`` before the first call, and carries the run
+    from one call to the next. A call returns DONE when the run is over; MORE_ARRIVALS
+    before the first instant at or after arrival ``limit - 1`` (arrivals past `limit`
+    may not be drawn yet: the caller calls again with more); MORE_ROOM when the records
+    may not hold the next instant's batches (call again with ``more_room(records)``).
+    The number of batches is ``state[0][S_NB]``.
 
     Instances are kept in two heaps, busy ones by (free time, index) and idle
     ones by index, so a step costs O(log instances): a free instance with the
@@ -208,18 +248,15 @@ def run_batcher(
         pref_floor[k] = k if preferred[k] else pref_floor[k - 1]
     status, batch_of, b_size, b_start, b_end, b_inst, queue = records
     batch_cap = b_size.size
-    busy_t = np.zeros(num_instances, np.int64)  # heap of busy instances: free time, index
-    busy_i = np.zeros(num_instances, np.int64)
-    n_busy = 0
-    idle_i = np.arange(num_instances).astype(np.int64)  # heap of idle indices (sorted = heap)
-    idle_k = idle_i.copy()  # the heap's key is the index itself
-    n_idle = num_instances
-    head = 0
-    tail = 0
-    nxt = 0  # next arrival
-    nb = 0  # batches dispatched
+    st, busy_t, busy_i, idle_k, idle_i, _, _ = state
+    n_busy, n_idle = st[S_N_BUSY], st[S_N_IDLE]
+    head, tail, nxt, nb = st[S_HEAD], st[S_TAIL], st[S_NXT], st[S_NB]
+    horizon = _NEVER if limit >= n else arrival_ns[limit - 1]
 
     while True:
+        if batch_cap - nb < num_instances:  # room for as many batches as instances
+            code = MORE_ROOM
+            break
         # The next instant anything happens.
         t = _NEVER
         if nxt < n:
@@ -232,7 +269,8 @@ def run_batcher(
                 t = min(t, oldest + delay_ns)
             if timeout_ns > 0:
                 t = min(t, oldest + timeout_ns)
-        if t == _NEVER:
+        if t >= horizon:
+            code = DONE if t == _NEVER else MORE_ARRIVALS
             break
 
         while n_busy > 0 and busy_t[0] <= t:  # instances finishing now become idle
@@ -257,8 +295,6 @@ def run_batcher(
                 break
             inst = heap_pop(idle_k, idle_i, n_idle)  # the idle instance, lowest index
             n_idle -= 1
-            if nb == batch_cap:  # out of room: the caller runs again with more
-                return status, batch_of, b_size[:0], b_start[:0], b_end[:0], b_inst[:0]
             done = start_batch(t, queue, head, size, nb, inst, exec_ns, multiplier, status,
                                batch_of, b_size, b_start, b_end, b_inst)
             head += size
@@ -271,4 +307,6 @@ def run_batcher(
                 status[queue[head]] = TIMED_OUT
                 head += 1
 
-    return status, batch_of, b_size[:nb], b_start[:nb], b_end[:nb], b_inst[:nb]
+    st[S_N_BUSY], st[S_N_IDLE] = n_busy, n_idle
+    st[S_HEAD], st[S_TAIL], st[S_NXT], st[S_NB] = head, tail, nxt, nb
+    return code

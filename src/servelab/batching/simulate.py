@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from servelab.batching.arrivals import generate_arrivals
-from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT, new_records, run_batcher
+from servelab.batching.arrivals import arrival_draw
+from servelab.batching.engine import (
+    MORE_ROOM,
+    REJECTED,
+    S_NB,
+    SERVED,
+    TIMED_OUT,
+    more_room,
+    new_records,
+    new_state,
+    run_batcher,
+)
 from servelab.batching.service import (
     ServiceModel,
     build_service_model,
@@ -111,13 +126,19 @@ def simulate_policy(
     policy: BatchingPolicy,
     num_instances: int,
     seed: int = 0,
+    *,
+    draw: Callable[[int], None] | None = None,
 ) -> Records:
     """The batcher alone, on given arrivals and service draws (used by tests and bench);
     `seed` draws who wins each completion race when ``policy.batcher_first`` is
-    between 0 and 1."""
+    between 0 and 1.
+
+    With `draw`, ``arrival_ns`` is filled as the run goes: ``draw(k)`` fills it up to k
+    (see arrivals.ArrivalDraw). The engine runs on this thread over one part while the
+    next part is drawn on a second (the draw releases the GIL, and so does the engine).
+    """
     preferred = np.zeros(policy.max_batch_size + 1, dtype=np.bool_)
     preferred[list(policy.effective_preferred)] = True
-    arrival_ns = np.ascontiguousarray(arrival_ns, dtype=np.int64)
     if multiplier.size != 1 and multiplier.size < arrival_ns.size:
         raise ValueError("need one service multiplier per possible batch (one per request), "
                          "or one for all")
@@ -125,29 +146,112 @@ def simulate_policy(
     if n >= 2**31:
         raise ValueError(f"{n:,} requests: the engines number requests in int32, so at most "
                          f"{2**31 - 1:,} a run")
-    # Room for a batch per 4 requests first (any batching fits), not one per request: the
-    # per-batch records are 24 bytes each. A run of smaller batches runs again with room
-    # for one batch per request.
-    for batch_cap in (n // 4 + 16, n):
-        args = (
-            arrival_ns,
-            np.ascontiguousarray(exec_ns, dtype=np.float64),
-            np.ascontiguousarray(multiplier, dtype=np.float64),
-            preferred,
-            policy.max_batch_size,
-            policy.max_queue_delay_microseconds * 1000,
-            num_instances,
-            policy.max_queue_size,
-            policy.default_timeout_microseconds * 1000,
-            new_records(n, batch_cap),
-        )
-        out = (run_batcher_triton(*args, float(policy.batcher_first), seed % 2**32)
-               if policy.closing is Closing.TRITON else run_batcher(*args))
-        status, batch, b_size, b_start, b_end, b_inst = out
-        if b_size.size or not (status == SERVED).any():
-            break
-    return Records(arrival_ns, status, batch, b_size, b_start, b_end, b_inst, num_instances,
-                   policy.default_timeout_microseconds * 1000)
+    if draw is None:
+        arrival_ns = np.ascontiguousarray(arrival_ns, dtype=np.int64)
+    elif arrival_ns.dtype != np.int64 or not arrival_ns.flags.c_contiguous:
+        raise ValueError("arrivals drawn as the run goes: a contiguous int64 array")
+    parts = _parts(n) if draw is not None else [n]
+    pipelined = len(parts) > 1
+    if pipelined:  # drawn in order on a second thread
+        assert draw is not None
+        ready = [threading.Event() for _ in parts]
+        failed = threading.Event()
+        drawing = _submit_draw(partial(_draw_parts, draw, parts, ready, failed))
+    elif draw is not None:
+        draw(n)
+    try:
+        # Room for a batch per 4 requests first (any batching fits), not one per request:
+        # the per-batch records are 24 bytes each. A run of smaller batches gets more.
+        records = new_records(n, n // 4 + 16)
+        state = new_state(num_instances)
+        args = (arrival_ns, np.ascontiguousarray(exec_ns, dtype=np.float64),
+                np.ascontiguousarray(multiplier, dtype=np.float64), preferred,
+                policy.max_batch_size, policy.max_queue_delay_microseconds * 1000,
+                num_instances, policy.max_queue_size,
+                policy.default_timeout_microseconds * 1000)
+        triton = policy.closing is Closing.TRITON
+        for i, limit in enumerate(parts):
+            if pipelined:
+                ready[i].wait()
+                if failed.is_set():
+                    drawing.result()  # raises the draw's error
+            while True:
+                code = (run_batcher_triton(*args, records, state, limit,
+                                           float(policy.batcher_first), seed % 2**32)
+                        if triton else run_batcher(*args, records, state, limit))
+                if code != MORE_ROOM:
+                    break
+                records = more_room(records, int(state[0][S_NB]))
+    finally:
+        if pipelined:
+            wait([drawing])  # the arrays are not left to a thread still drawing into them
+    nb = int(state[0][S_NB])
+    status, batch, b_size, b_start, b_end, b_inst, _ = records
+    return Records(arrival_ns, status, batch, b_size[:nb], b_start[:nb], b_end[:nb],
+                   b_inst[:nb], num_instances, policy.default_timeout_microseconds * 1000)
+
+
+# A run's arrivals are drawn in parts, the engine on each part while the next is drawn:
+# a first part of this many, then each twice the last up to PART. (A part of PART runs in
+# about 1 ms, and handing a part over between threads costs some microseconds.)
+FIRST_PART = 1 << 14
+PART = 1 << 16
+
+
+_DRAWS: queue.SimpleQueue[tuple[Callable[[], None], Future[None]]] = queue.SimpleQueue()
+_DRAWERS: list[threading.Thread] = []
+_STARTING = threading.Lock()
+
+
+def _submit_draw(job: Callable[[], None]) -> Future[None]:
+    """Run `job` on one of two threads that draw arrivals ahead of the engine, started
+    once (starting a thread costs about 0.4 ms here, a 200,000-request run's 5%); two,
+    for runs on two threads at once (the lab's). Daemon threads, so a command's quick
+    exit (cli._leave joins every other thread) does not wait for them: a job only runs
+    while a simulation waits on it."""
+    with _STARTING:
+        if not _DRAWERS or not _DRAWERS[0].is_alive():  # none yet, or a forked child's
+            _DRAWERS[:] = [threading.Thread(target=_drawer, name=f"servelab-draw-{i}",
+                                            daemon=True) for i in range(2)]
+            for t in _DRAWERS:
+                t.start()
+    done: Future[None] = Future()
+    _DRAWS.put((job, done))
+    return done
+
+
+def _drawer() -> None:
+    while True:
+        job, done = _DRAWS.get()
+        try:
+            job()
+        except BaseException as exc:  # handed to the waiting simulation
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+
+def _parts(n: int) -> list[int]:
+    """How many arrivals the engine may know at each of its calls: the parts' ends."""
+    ends = [min(n, FIRST_PART)]
+    while ends[-1] < n:
+        ends.append(min(n, ends[-1] + min(ends[-1], PART)))
+    return ends
+
+
+def _draw_parts(draw: Callable[[int], None], parts: list[int],
+                ready: list[threading.Event], failed: threading.Event) -> None:
+    """Draw each part in order and say so; on an error, say that first, then wake every
+    waiter to see it."""
+    try:
+        for end, done in zip(parts, ready, strict=True):
+            draw(end)
+            done.set()
+    except BaseException:
+        failed.set()
+        for done in ready:
+            done.set()
+        raise
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -179,21 +283,21 @@ def _component(lat: Latency, part: str, n: int, rng: np.random.Generator) -> np.
 MAX_TIME_NS = 1 << 61
 
 
-def check_time_range(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarray,
-                     policy: BatchingPolicy) -> None:
+def check_time_range(last_ns: int, count: int, slowest_ns: float, policy: BatchingPolicy,
+                     num_requests: int) -> None:
     """Refuse a run whose clock could pass what int64 nanoseconds hold.
 
-    The latest any instant can be: the last arrival, plus every request run as its own
-    batch one after another at the slowest draw, plus the batch window.
+    The latest any instant can be, while the engine knows `count` arrivals (the last at
+    `last_ns`): the last arrival, plus every request run as its own batch one after
+    another at the slowest draw, plus the batch window and the timeout.
     """
-    n = arrival_ns.size
-    worst = (float(arrival_ns[-1]) if n else 0.0) + n * float(exec_ns.max()) * float(
-        multiplier.max(initial=1.0)) + policy.max_queue_delay_microseconds * 1e3 + (
+    worst = float(last_ns) + count * slowest_ns + policy.max_queue_delay_microseconds * 1e3 + (
         policy.default_timeout_microseconds * 1e3)
     if not worst < MAX_TIME_NS:
         raise InputError(
-            f"[workload] num_requests = {n:,}: the run could reach {worst / 1e9:.3g} s of "
-            f"simulated time; expected at most {MAX_TIME_NS / 1e9:.3g} s (int64 nanoseconds); "
+            f"[workload] num_requests = {num_requests:,}: the run could reach "
+            f"{worst / 1e9:.3g} s of simulated time; expected at most "
+            f"{MAX_TIME_NS / 1e9:.3g} s (int64 nanoseconds); "
             "fix: fewer requests, a faster [model], or a higher qps")
 
 
@@ -213,19 +317,27 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     arr_rng, svc_rng, fetch_rng, net_rng = (
         np.random.default_rng(seq) for seq in np.random.SeedSequence(s.workload.seed).spawn(4)
     )
-    arrivals = generate_arrivals(s.workload, arr_rng, s.resolve_path)
+    arrivals = arrival_draw(s.workload, arr_rng, s.resolve_path)
     n = arrivals.size
     mult = (np.ones(1) if s.model.variability is Variability.DETERMINISTIC else
             draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers))
     exec_ns = exec_table_ns(service, policy.max_batch_size)
-    check_time_range(arrivals, exec_ns, mult, policy)
+    slowest_ns = float(exec_ns.max()) * float(mult.max(initial=1.0))
+
+    def draw(upto: int) -> None:  # each part checked before the engine runs on it
+        arrivals.draw(upto)
+        upto = min(upto, n)
+        if upto:
+            check_time_range(int(arrivals.ns[upto - 1]), upto, slowest_ns, policy, n)
+
     records = simulate_policy(
-        arrivals,
+        arrivals.ns,
         exec_ns,
         mult,
         policy,
         s.hardware.num_gpus * policy.instances_per_gpu,
         seed=s.workload.seed,
+        draw=draw,
     )
     lat = s.latency
     return Simulation(
