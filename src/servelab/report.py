@@ -5,12 +5,14 @@ Metrics are computed here from a simulation's flat records, never in a front end
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
+from servelab.aside import aside
 from servelab.batching.analytic import ClosedForm
 from servelab.batching.simulate import Records, Simulation
 from servelab.order_stats import percentiles_ns, percentiles_of_batches_ns
@@ -243,9 +245,11 @@ def build_report(sim: Simulation, *, closed_form: ClosedForm | None = None,
         return _build_report(sim, closed_form, search, None)
     # The queue's and the GPU's percentiles are compiled and release the GIL: they run on
     # a second core while the rest of the Report is worked out here.
-    with ThreadPoolExecutor(1) as pool:
-        return _build_report(sim, closed_form, search,
-                             pool.submit(_queue_and_gpu, sim.records, served))
+    queued = aside(partial(_queue_and_gpu, sim.records, served))
+    try:
+        return _build_report(sim, closed_form, search, queued)
+    finally:
+        wait([queued])  # no work left running on the records
 
 
 def _queue_and_gpu(r: Records, served: int) -> tuple[Stat, Stat]:
@@ -262,25 +266,26 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
     mbs = s.batching.max_batch_size
     gpu = s.hardware.spec()
 
-    end = r.last_end_ns()
-    duration_s = end / 1e9 if end > 0 else float("nan")
+    rows_served, busy_ns, last_batch_end, hist = r.batch_totals()
     span_s = r.arrival_ns.max(initial=0) / 1e9
+    end = (max(int(r.arrival_ns.max(initial=0)), last_batch_end) if not counts["timed_out"]
+           else r.last_end_ns())
+    duration_s = end / 1e9 if end > 0 else float("nan")
     offered = s.workload.qps if s.workload.trace_csv is None else (
         r.arrival_ns.size / span_s if span_s > 0 else float("nan"))
 
-    hist = np.bincount(r.batch_size, minlength=1)
     histogram = {str(b): int(c) for b, c in enumerate(hist) if c}
-    sizes = r.batch_size.astype(np.float64)
+    num_batches = int(r.batch_size.size)
     batching = BatchingStats(
-        mean_batch_size=float(sizes.mean()) if sizes.size else float("nan"),
+        mean_batch_size=rows_served / num_batches if num_batches else float("nan"),
         batch_size_histogram=histogram,
-        num_batches=int(sizes.size),
+        num_batches=num_batches,
         p50_batch_size=_hist_percentile(hist, 50),
         p99_batch_size=_hist_percentile(hist, 99),
     )
 
-    busy_s = float((r.batch_end_ns - r.batch_start_ns).sum()) / 1e9
-    rows = float(sizes.sum())
+    busy_s = float(busy_ns) / 1e9
+    rows = float(rows_served)
     sat = svc.saturated_rows_per_s(mbs)
     c = r.num_instances
     busy = busy_s / (c * duration_s)
@@ -344,7 +349,7 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
     # Throughput is what was served over the span in which it was served (from the start
     # of the run to the last completion): in overload the queue drains long after the last
     # arrival, and the offered rate would overstate it.
-    served_span_s = float(r.batch_end_ns.max(initial=0)) / 1e9
+    served_span_s = float(last_batch_end) / 1e9
     served_per_s = counts["served"] / served_span_s if served_span_s > 0 else 0.0
     dropped = counts["rejected"] + counts["timed_out"]
     slo, ceiling = s.latency.p99_slo_ms, s.plan.max_busy_fraction
