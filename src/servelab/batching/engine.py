@@ -147,8 +147,10 @@ def _carve(arena: np.ndarray, offset: int, count: int, dtype: type) -> np.ndarra
 
 def new_records(n: int, batch_cap: int) -> tuple[np.ndarray, ...]:
     """The engines' outputs and their queue, 9 bytes a request and 24 a batch: per
-    request its status (-1 until decided) and batch number (-1 unless served); per batch
-    its size, start, end and instance; the queue of request ids.
+    request its status and batch number (-1 unless served); per batch its size, start,
+    end and instance; the queue of request ids. Not initialised: a run writes each
+    request's two once, when it is decided (every request is, by the run's end), and a
+    batch's four when it starts; nothing is read before it is written.
 
     Allocated here by NumPy, not inside the compiled engine, as a few large blocks: NumPy
     asks the kernel for huge pages (2 MiB) for arrays of 4 MiB or more, and a
@@ -159,10 +161,7 @@ def new_records(n: int, batch_cap: int) -> tuple[np.ndarray, ...]:
     per_request = huge_block(at + 4 * n)
     status = _carve(per_request, 0, n, np.int8)
     batch_of = _carve(per_request, at, n, np.int32)
-    status.fill(-1)
-    batch_of.fill(-1)
     per_batch = huge_block(24 * batch_cap)
-    per_batch.fill(0)
     b_start = _carve(per_batch, 0, batch_cap, np.int64)
     b_end = _carve(per_batch, 8 * batch_cap, batch_cap, np.int64)
     b_size = _carve(per_batch, 16 * batch_cap, batch_cap, np.int32)
@@ -282,6 +281,7 @@ def run_batcher(
         while nxt < n and arrival_ns[nxt] <= t:
             if max_queue_size > 0 and tail - head >= max_queue_size:
                 status[nxt] = REJECTED
+                batch_of[nxt] = -1
             else:
                 queue[tail] = nxt
                 tail += 1
@@ -305,6 +305,7 @@ def run_batcher(
         if timeout_ns > 0:
             while tail > head and arrival_ns[queue[head]] + timeout_ns <= t:
                 status[queue[head]] = TIMED_OUT
+                batch_of[queue[head]] = -1
                 head += 1
 
     st[S_N_BUSY], st[S_N_IDLE] = n_busy, n_idle

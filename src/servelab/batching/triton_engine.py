@@ -375,6 +375,7 @@ def run_batcher_triton(
         while nxt < n and arrival_ns[nxt] <= t:
             if max_queue_size > 0 and tail - p_head >= max_queue_size:
                 status[nxt] = REJECTED
+                batch_of[nxt] = -1
             else:
                 queue[tail] = nxt
                 tail += 1
@@ -471,6 +472,7 @@ def run_batcher_triton(
         if timeout_ns > 0:
             while tail > p_head and arrival_ns[queue[p_head]] + timeout_ns <= t:
                 status[queue[p_head]] = TIMED_OUT
+                batch_of[queue[p_head]] = -1
                 p_head += 1
 
     st[S_N_BUSY], st[S_N_IDLE] = n_busy, n_idle
