@@ -231,57 +231,80 @@ def _percentiles(x: np.ndarray, w: np.ndarray | None, batch: np.ndarray | None,
         raise ValueError("no values")
     if n >= 2**31:
         raise ValueError(f"{n:,} values: at most 2**31 - 1")
-    base, shift, nb = _buckets(_sample(x, w, batch, arrival))
-    lo, hi, total, counts = _first_pass(x, w, batch, arrival, base, shift, nb)
-    mean = total / n
+    size = x.size if batch is None else batch.size
     q = np.true_divide(np.asarray(percentiles, dtype=np.float64), 100)
-    virtual = (n - 1) * q
-    prev = np.floor(virtual)
-    nxt = prev + 1
-    above = virtual >= n - 1
-    prev_i = np.where(above, n - 1, prev).astype(np.int64)
-    next_i = np.where(above, n - 1, nxt).astype(np.int64)
-    ranks = np.unique(np.concatenate((prev_i, next_i)))
-    # Each rank's bucket of the first pass, as an interval of values, and its rank there.
-    ends = np.cumsum(counts)
-    k = np.searchsorted(ends, ranks, side="right")
-    res = ranks - (ends[k] - counts[k])
-    ilo = np.maximum(lo, base + ((k - 1) << shift))
-    ihi = np.minimum(hi, base + (k << shift) - 1)
-    ilo[k == 0], ihi[k == nb + 1] = lo, hi  # the open buckets at either end
-    ilo[ranks == 0], ihi[ranks == n - 1] = lo, hi  # the extremes are known already
-    ihi[ranks == 0], ilo[ranks == n - 1] = lo, hi
-    res[ranks == 0] = 0
-    values = select_ranks(x, w, batch, arrival, ilo, ihi, res, base, shift, nb)
-    a = values[np.searchsorted(ranks, prev_i)]
-    b = values[np.searchsorted(ranks, next_i)]
-    gamma = virtual - prev
-    diff = b - a
-    out = a + diff * gamma
-    np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)
+    mean, out = _select(x, w, batch, arrival, n, q, max(1, size // _SAMPLE))
     return float(mean), [float(v) for v in out]
 
 
-def _sample(x: np.ndarray, w: np.ndarray | None, batch: np.ndarray | None,
-            arrival: np.ndarray | None) -> np.ndarray:
-    """Every k-th value (k from the count, for about _SAMPLE of them); those with no
-    weight or no batch left out."""
-    size = x.size if batch is None else batch.size
-    step = max(1, size // _SAMPLE)
-    if batch is None:
-        return x[::step] if w is None else x[::step][w[::step] > 0]
-    assert arrival is not None
-    b = batch[::step]
-    kept = b >= 0
-    drawn: np.ndarray = x[b[kept]] - arrival[::step][kept]
-    return drawn
+@njit(cache=True, nogil=True)
+def _sample_range(x: np.ndarray, w: Any, batch: Any, arrival: Any, step: int
+                  ) -> tuple[Any, Any, Any]:
+    """The least and greatest of every step-th value (those with no weight or no batch
+    left out), and whether there was any."""
+    lo = np.int64(2**63 - 1)
+    hi = np.int64(-(2**63))
+    if batch is not None:
+        for i in range(0, batch.size, step):
+            b = batch[i]
+            if b >= 0:
+                v = x[b] - arrival[i]
+                lo, hi = min(lo, v), max(hi, v)
+    else:
+        for i in range(0, x.size, step):
+            if w is None or w[i] > 0:
+                lo, hi = min(lo, x[i]), max(hi, x[i])
+    return lo <= hi, lo, hi
 
 
-def _buckets(sample: np.ndarray) -> tuple[int, int, int]:
-    """The first pass's buckets: from the sample's least value, 2**shift values wide,
-    nb of them to its greatest (at most 2**_FIRST_BITS)."""
-    if sample.size == 0:  # nothing drawn: every value falls in the open buckets
-        return 0, 0, 1
-    base, top = int(sample.min()), int(sample.max())
-    shift = max(0, (top - base).bit_length() - _FIRST_BITS)
-    return base, shift, ((top - base) >> shift) + 1
+@njit(cache=True, nogil=True)
+def _select(x: np.ndarray, w: Any, batch: Any, arrival: Any, n: int, q: np.ndarray,
+            step: int) -> tuple[float, np.ndarray]:
+    """The mean and the percentiles at fractions q of the n values (see above for w,
+    batch and arrival), the sample every step-th value. The percentile from the order
+    statistics as NumPy 2 computes its default ``linear`` method, operation by
+    operation: a + (b - a) * g, or b - (b - a) * (1 - g) from g = 0.5 on."""
+    found, s_lo, s_hi = _sample_range(x, w, batch, arrival, step)
+    base, shift, nb = 0, 0, 1  # nothing drawn: every value falls in the open buckets
+    if found:
+        base = s_lo
+        shift = max(0, _bit_length(s_hi - s_lo) - _FIRST_BITS)
+        nb = ((s_hi - s_lo) >> shift) + 1
+    lo, hi, total, counts = _first_pass(x, w, batch, arrival, base, shift, nb)
+    virtual = (n - 1) * q
+    prev = np.floor(virtual)
+    m = q.size
+    prev_i = np.empty(m, np.int64)
+    next_i = np.empty(m, np.int64)
+    for j in range(m):
+        above = virtual[j] >= n - 1
+        prev_i[j] = n - 1 if above else np.int64(prev[j])
+        next_i[j] = n - 1 if above else np.int64(prev[j] + 1)
+    ranks = np.unique(np.concatenate((prev_i, next_i)))
+    # Each rank's bucket of the first pass, as an interval of values, and its rank there;
+    # the open buckets at either end reach the least and greatest value, and those two
+    # ranks are known already.
+    ends = np.cumsum(counts)
+    k = ranks.size
+    ilo = np.empty(k, np.int64)
+    ihi = np.empty(k, np.int64)
+    res = np.empty(k, np.int64)
+    for j in range(k):
+        r = ranks[j]
+        kb = np.searchsorted(ends, r, side="right")
+        res[j] = r - (ends[kb] - counts[kb])
+        ilo[j] = lo if kb == 0 else max(lo, base + ((kb - 1) << shift))
+        ihi[j] = hi if kb == nb + 1 else min(hi, base + (kb << shift) - 1)
+        if r == 0:
+            ilo[j], ihi[j], res[j] = lo, lo, 0
+        if r == n - 1:
+            ilo[j], ihi[j] = hi, hi
+    values = select_ranks(x, w, batch, arrival, ilo, ihi, res, base, shift, nb)
+    out = np.empty(m, np.float64)
+    for j in range(m):
+        a = values[np.searchsorted(ranks, prev_i[j])]
+        b = values[np.searchsorted(ranks, next_i[j])]
+        g = virtual[j] - prev[j]
+        diff = b - a
+        out[j] = float(b) - float(diff) * (1 - g) if g >= 0.5 else float(a) + float(diff) * g
+    return total / n, out
