@@ -151,9 +151,9 @@ def simulate_policy(
     *,
     draw: Callable[[int], None] | None = None,
 ) -> Records:
-    """The batcher alone, on given arrivals and service draws (used by tests and bench);
-    `seed` draws who wins each completion race when ``policy.batcher_first`` is
-    between 0 and 1.
+    """The batcher alone, on given arrivals and service draws (`simulate`'s core; tests
+    and the bench call it directly); `seed` draws who wins each completion race when
+    ``policy.batcher_first`` is between 0 and 1.
 
     With `draw`, ``arrival_ns`` is filled as the run goes: ``draw(k)`` fills it up to k
     (see arrivals.ArrivalDraw). The engine runs on this thread over one part while the
