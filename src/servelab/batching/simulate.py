@@ -112,12 +112,11 @@ class Records:
 
     @property
     def counts(self) -> dict[str, int]:
-        return {
-            "arrivals": int(self.status.size),
-            "served": self.count(SERVED),
-            "rejected": self.count(REJECTED),
-            "timed_out": self.count(TIMED_OUT),
-        }
+        n = int(self.status.size)
+        served = self.count(SERVED)
+        rejected = self.count(REJECTED) if served < n else 0  # all served: no more passes
+        return {"arrivals": n, "served": served, "rejected": rejected,
+                "timed_out": self.count(TIMED_OUT) if served + rejected < n else 0}
 
     def batch_totals(self) -> tuple[int, int, int, np.ndarray]:
         """Over the batches, in one pass: the rows they ran, the instance time they took
