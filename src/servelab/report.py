@@ -267,9 +267,10 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
     gpu = s.hardware.spec()
 
     rows_served, busy_ns, last_batch_end, hist = r.batch_totals()
-    span_s = r.arrival_ns.max(initial=0) / 1e9
-    end = (max(int(r.arrival_ns.max(initial=0)), last_batch_end) if not counts["timed_out"]
-           else r.last_end_ns())
+    last_arrival = int(r.arrival_ns.max(initial=0))
+    span_s = last_arrival / 1e9
+    # the last instant (Records.last_end_ns), without its passes where nothing timed out
+    end = max(last_arrival, last_batch_end) if not counts["timed_out"] else r.last_end_ns()
     duration_s = end / 1e9 if end > 0 else float("nan")
     offered = s.workload.qps if s.workload.trace_csv is None else (
         r.arrival_ns.size / span_s if span_s > 0 else float("nan"))
