@@ -60,8 +60,10 @@ def fidelity_misses(report: dict) -> list[str]:
     """Where the prediction misses: the whole one's mean batch by 40% or more (a wrong
     policy or a gross misfit), or the simulator given each batch size's time as the
     server measured it in the run the issue's tolerances. Compute is what went in, so it
-    is held within 5%: sizes the run made under MIN_RUN_BATCHES times take the scaled
-    profile, which left it 3.3-3.5% short at 400/s in three runs of session 7."""
+    is held within 5%: sizes the run made under MIN_RUN_BATCHES times are not measured
+    often enough to take as they came; the profile scaled by one ratio there left it
+    3.3-3.5% short at 400/s in three runs of session 7 and 5.1-5.4% in three of a CI
+    run in session 9, so they take the run's own line through the sizes it made often."""
     misses = []
     for r in report["rates"]:
         c, g = r["compare"], r["given_measured_compute"]["compare"]
@@ -116,7 +118,10 @@ def check_report(report: dict, out: Path) -> None:
         assert r["measured"]["errors"] == 0
         g = r["given_measured_compute"]
         print(r["rate_per_s"], "whole:", {k: c[k]["error"] for k in figures},
-              "given the run's batch times:", {k: g["compare"][k]["error"] for k in figures})
+              "given the run's batch times:", {k: g["compare"][k]["error"] for k in figures},
+              "sizes ms (batches):", {k: (round(v, 3), g["batches"][k])
+                                      for k, v in g["sizes_ms"].items()},
+              "trend ms:", g["trend_ms"])
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
         assert 0.5 <= r["probe_drift"] <= 2.0
 

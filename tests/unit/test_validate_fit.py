@@ -1,6 +1,8 @@
 """How `validate` turns measurements into the simulator's inputs: the time outside the
 server, and the drift correction between profiling and measuring."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -98,14 +100,41 @@ def test_the_diagnosis_takes_each_batch_size_the_run_measured():
     g = given_measured_compute(t, sp, prof, slower, offsets, 0, measured)
     assert g["profile_scale"] == pytest.approx(1.2, rel=1e-3)
     assert set(g["sizes_ms"]) == {"1", "2"}
+    assert g["batches"] == {"1": n, "2": n}
     assert g["compare"]["compute_ms"]["predicted"] > plain["compute_ms"] * 1.15
     assert given_measured_compute(t, sp, prof, {}, offsets, 0, measured) is None
+
+
+def test_the_diagnosis_extends_the_runs_own_line_to_the_sizes_it_made_rarely():
+    """Sizes the run made too rarely (or not at all) take the count-weighted line through
+    the sizes it made often, not the profile's shape: a profile twice as steep as the
+    run changes nothing once the run has measured two sizes."""
+    from servelab.measure.validate import MIN_RUN_BATCHES, given_measured_compute, with_sizes
+
+    t, sp, prof, offsets, measured = _diagnosis_inputs()
+    n = MIN_RUN_BATCHES
+    # the run: 2.0 ms + 0.25 ms a request, with 3 n batches of 1 and n of 2
+    run = {1: (3 * n, int(2.25e6 * 3 * n)), 2: (n, int(2.5e6 * n)), 6: (1, int(50e6))}
+    got = with_sizes(prof, run, n, trend=True)
+    assert got is not None
+    out, info = got
+    a, c = info["trend_ms"]
+    assert (a, c) == (pytest.approx(2.0), pytest.approx(0.25))
+    for b in (4, 8):  # the profile's sizes the run did not make: on the run's line
+        assert out.rows_ms[b] + prof.per_request_ms * b == pytest.approx(2.0 + 0.25 * b)
+    steep = replace(prof, rows_ms={b: 2.0 * ms for b, ms in prof.rows_ms.items()})
+    assert (given_measured_compute(t, sp, steep, run, offsets, 0, measured)["compare"]
+            == given_measured_compute(t, sp, prof, run, offsets, 0, measured)["compare"])
+    one = with_sizes(prof, {1: (n, int(2.1e6 * n))}, n, trend=True)
+    assert one is not None
+    assert one[1]["trend_ms"] is None
 
 
 def test_the_profile_is_calibrated_by_the_batches_the_server_ran_under_load():
     """The prediction's profile: each batch size the open-loop calibration ran often
     enough is taken as measured (less its per-request term), the others are the
-    closed-loop profile scaled by the count-weighted ratio at the sizes seen."""
+    closed-loop profile's whole time scaled by the count-weighted ratio at the sizes
+    seen."""
     from servelab.measure.validate import MIN_CALIBRATION_BATCHES, fitted_rows_ms, under_load
 
     prof = Profile(rows_ms={1: 2.0, 2: 2.5, 4: 3.5, 8: 5.5}, per_request_ms=0.1,
@@ -121,7 +150,8 @@ def test_the_profile_is_calibrated_by_the_batches_the_server_ran_under_load():
     rows = fitted_rows_ms(cal)
     assert rows[1] == pytest.approx(1.4 - 0.1)
     assert rows[3] == pytest.approx(2.55 - 0.3)
-    assert rows[8] == pytest.approx(5.5 * scale)
+    # the whole time of 8 requests scaled: (5.5 + 8 x 0.1) x scale, less 8 x 0.1
+    assert rows[8] == pytest.approx(5.5 * scale + (scale - 1) * 0.8)
     assert 5 not in rows
     assert cal.per_request_ms == prof.per_request_ms
     assert cal.outside_ms is prof.outside_ms
