@@ -59,18 +59,22 @@ def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: st
 def fidelity_misses(report: dict) -> list[str]:
     """Where the prediction misses: the whole one's mean batch by 40% or more (a wrong
     policy or a gross misfit), or the simulator given each batch size's time as the
-    server measured it in the run the issue's tolerances. Compute is what went in, so it
-    is held within 5%: sizes the run made under MIN_RUN_BATCHES times are not measured
-    often enough to take as they came; the profile scaled by one ratio there left it
-    3.3-3.5% short at 400/s in three runs of session 7 and 5.1-5.4% in three of a CI
-    run in session 9, so they take the run's own line through the sizes it made often."""
+    server measured it in the run the issue's tolerances.
+
+    What went in is held within 5%: the diagnosis' times weighted by the batches the
+    server itself ran (`run_batches`), against its own compute per request. The
+    simulated compute per request is held within 10%, as the mean batch is: it is
+    weighted by the batches the simulator forms, so it misses with them (a CI run in
+    session 9, quiet by steal, had it 5.1-5.4% short at 400/s beside a mean batch 3.5-3.7%
+    short; with client and server on one core, session 10, 1.5-4.8% beside 7-8%)."""
     misses = []
     for r in report["rates"]:
-        c, g = r["compare"], r["given_measured_compute"]["compare"]
-        checks = [("whole mean_batch", c["mean_batch"]["error"], 0.40)] + [
-            (k, g[k]["error"], tol) for k, tol in (
-                ("compute_ms", 0.05), ("mean_batch", 0.10), ("p50_ms", 0.10),
-                ("p99_ms", 0.20))]
+        c, g = r["compare"], r["given_measured_compute"]
+        checks = [("whole mean_batch", c["mean_batch"]["error"], 0.40),
+                  ("diagnosis' times on the run's batches", g["run_batches"]["error"], 0.05)
+                  ] + [(k, g["compare"][k]["error"], tol) for k, tol in (
+                      ("compute_ms", 0.10), ("mean_batch", 0.10), ("p50_ms", 0.10),
+                      ("p99_ms", 0.20))]
         misses += [f"{r['rate_per_s']:g}/s {k} {e:+.1%} (±{tol:.0%})"
                    for k, e, tol in checks if not abs(e) < tol]
     return misses
@@ -121,7 +125,7 @@ def check_report(report: dict, out: Path) -> None:
               "given the run's batch times:", {k: g["compare"][k]["error"] for k in figures},
               "sizes ms (batches):", {k: (round(v, 3), g["batches"][k])
                                       for k, v in g["sizes_ms"].items()},
-              "trend ms:", g["trend_ms"])
+              "trend ms:", g["trend_ms"], "times on the run's batches:", g["run_batches"])
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
         assert 0.5 <= r["probe_drift"] <= 2.0
 

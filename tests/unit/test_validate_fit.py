@@ -125,6 +125,15 @@ def test_the_diagnosis_extends_the_runs_own_line_to_the_sizes_it_made_rarely():
     steep = replace(prof, rows_ms={b: 2.0 * ms for b, ms in prof.rows_ms.items()})
     assert (given_measured_compute(t, sp, steep, run, offsets, 0, measured)["compare"]
             == given_measured_compute(t, sp, prof, run, offsets, 0, measured)["compare"])
+    # what went in, on the batches the run made: sizes 1 and 2 as measured, the one
+    # batch of 6 (50 ms, a stall) on the line at 3.5 ms
+    rb = given_measured_compute(t, sp, prof, run, offsets, 0, measured)["run_batches"]
+    requests = 3 * n + 2 * n + 6
+    assert rb["measured_ms"] == pytest.approx((3 * n * 2.25 + 2 * n * 2.5 + 6 * 50) / requests)
+    assert rb["scenario_ms"] == pytest.approx((3 * n * 2.25 + 2 * n * 2.5 + 6 * 3.5) / requests,
+                                              rel=1e-5)
+    assert rb["error"] == pytest.approx(rb["scenario_ms"] / rb["measured_ms"] - 1)
+    assert rb["batches"] == {"1": 3 * n, "2": n, "6": 1}
     one = with_sizes(prof, {1: (n, int(2.1e6 * n))}, n, trend=True)
     assert one is not None
     assert one[1]["trend_ms"] is None

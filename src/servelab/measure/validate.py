@@ -665,10 +665,36 @@ def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
     if got is None:
         return None
     run_prof, info = got
-    pred = predict(fit_scenario(t, sp, run_prof), offsets, seed)
+    fit = fit_scenario(t, sp, run_prof)
+    pred = predict(fit, offsets, seed)
     return {"sizes_ms": info["sizes_ms"], "batches": info["batches"],
             "profile_scale": info["profile_scale"], "trend_ms": info["trend_ms"],
+            "run_batches": run_batches_compute(fit, in_run),
             "compare": compare(measured, pred)}
+
+
+def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
+                        ) -> dict[str, Any] | None:
+    """What went in, apart from the batching: the compute per request the scenario gives
+    the very batches the server ran (every size, as often as the server ran it; each
+    request credited its batch's time, as Triton counts it) against the server's own.
+    The simulated compute per request also depends on the batches the simulator forms
+    (a batch of 5 takes longer than one of 2), so it misses with the batching too; this
+    does not. None without batches of one-row requests the scenario can run."""
+    from servelab.batching.service import build_service_model, exec_table_ns
+
+    mbs = fit.batching.max_batch_size
+    runs = {k: v for k, v in in_run.items() if 1 <= k <= mbs and v[0] > 0}
+    if not runs:
+        return None
+    table = exec_table_ns(build_service_model(fit.model, fit.hardware.spec(), mbs,
+                                              fit.resolve_path), mbs)
+    requests = sum(k * c for k, (c, _) in runs.items())
+    measured = sum(k * ns for k, (_, ns) in runs.items()) / requests / 1e6
+    scenario = sum(k * c * float(table[k]) for k, (c, _) in runs.items()) / requests / 1e6
+    return {"measured_ms": measured, "scenario_ms": scenario,
+            "error": (scenario - measured) / measured if measured > 0 else None,
+            "batches": {str(k): c for k, (c, _) in sorted(runs.items())}}
 
 
 def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
@@ -735,6 +761,13 @@ def notes_for(rows: list[dict[str, Any]], prof: Profile | None = None) -> list[s
                          f"run's own batch times the simulator's mean batch is "
                          f"{c['mean_batch']['error']:+.0%}, p50 {c['p50_ms']['error']:+.0%}, "
                          f"mean queue {c['queue_ms']['error']:+.0%} off the measurement")
+        rb = g.get("run_batches") if g else None
+        if rb and rb["error"] is not None and abs(rb["error"]) > 0.05:
+            notes.append(f"at {r['rate_per_s']:g}/s the diagnosis' times give the server's "
+                         f"own batches {rb['error']:+.0%} compute against its statistics: "
+                         "the sizes it ran fewer than "
+                         f"{MIN_RUN_BATCHES} times took longer or shorter than the line "
+                         "through the others (stalls land in few batches)")
         if r["measured"].get("behind_p99_ms", 0) > 1.0:
             notes.append(f"at {r['rate_per_s']:g}/s the load generator fell behind (p99 "
                          f"{r['measured']['behind_p99_ms']:.1f} ms late): the client, not "
