@@ -33,7 +33,9 @@ simulator's prediction against measurement at several rates.
    per request is set beside the server's own figure (not judged). A **diagnosis**
    runs the simulator once more with each batch size's execution time as the server's
    statistics measured it in that very run: what it recovers was the service-time
-   profile, what still misses is the batching model or the time outside.
+   profile, what still misses is the batching model or the time outside. Its times on
+   the batches the server itself ran, against the server's compute, say how well they
+   describe the run apart from the batching (`run_batches`).
 
 Stated simplifications (they are in the report's notes):
 - The spread of one batch's execution time cannot be told apart from the spread of the
