@@ -131,7 +131,8 @@ def check_report(report: dict, out: Path) -> None:
               "given the run's batch times:", {k: g["compare"][k]["error"] for k in figures},
               "sizes ms (batches):", {k: (round(v, 3), g["batches"][k])
                                       for k, v in g["sizes_ms"].items()},
-              "trend ms:", g["trend_ms"], "times on the run's batches:", g["run_batches"])
+              "trend ms:", g["trend_ms"], "times on the run's batches:", g["run_batches"],
+              "on the sent times:", {k: v["error"] for k, v in g["on_sent_times"].items()})
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
         assert 0.5 <= r["probe_drift"] <= 2.0
 

@@ -244,3 +244,26 @@ def test_a_queue_that_grows_through_a_run_shows_in_its_p50_growth():
     failed = LoadResult(intended, intended, intended + 5, np.zeros(n, dtype=np.int64))
     assert failed.p50_growth() == 1.0
     assert steady.summary()["p50_growth"] == pytest.approx(1.0)
+
+
+def test_the_diagnosis_also_runs_on_the_times_the_requests_left_the_client():
+    """A client that sends late in bursts bunches requests: the diagnosis on the actual
+    send times makes bigger batches than on the intended ones, and says so apart
+    (mean batch, queue, compute: the figures that do not count from the intended time).
+    Sent as intended, the two agree."""
+    from servelab.measure.validate import MIN_RUN_BATCHES, given_measured_compute
+
+    t, sp, prof, offsets, measured = _diagnosis_inputs()
+    n = MIN_RUN_BATCHES
+    run = {1: (3 * n, int(2.25e6 * 3 * n)), 2: (n, int(2.5e6 * n))}
+    plain = given_measured_compute(t, sp, prof, run, offsets, 0, measured)
+    assert "on_sent_times" not in plain
+    same = given_measured_compute(t, sp, prof, run, offsets, 0, measured, sent_s=offsets)
+    assert set(same["on_sent_times"]) == {"mean_batch", "queue_ms", "compute_ms"}
+    assert (same["on_sent_times"]["mean_batch"]["predicted"]
+            == pytest.approx(same["compare"]["mean_batch"]["predicted"]))
+    # every other request held back to leave with the next: pairs at the same instant
+    late = np.sort(np.repeat(offsets[1::2], 2))
+    bunched = given_measured_compute(t, sp, prof, run, offsets, 0, measured, sent_s=late)
+    assert (bunched["on_sent_times"]["mean_batch"]["predicted"]
+            > bunched["compare"]["mean_batch"]["predicted"] * 1.05)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ import numpy as np
 
 from servelab.errors import InputError, StoreError, cut
 from servelab.measure.loadgen import (
+    LoadResult,
     constant_offsets,
     http_request,
     poisson_offsets,
@@ -181,10 +183,11 @@ def server_stats(t: Target) -> dict[str, float] | None:
 def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float, n: int,
                  seed: int, max_connections: int, arrival: str = "poisson",
                  concurrency: int | None = None, offsets: np.ndarray | None = None,
-                 counter: list[int] | None = None) -> dict[str, Any]:
+                 counter: list[int] | None = None,
+                 on_result: Callable[[LoadResult], object] | None = None) -> dict[str, Any]:
     """One step of a sweep: open loop at `rate` (Poisson or constant, or the given
     intended send times), or closed loop with `concurrency` clients; the server's
-    statistics before and after."""
+    statistics before and after. `on_result` gets the per-request result."""
     reqs = []
     for b in bodies:
         body, hlen = b if isinstance(b, tuple) else (b, None)
@@ -203,6 +206,8 @@ def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float
         res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets,
                                         max_connections=max_connections, counter=counter))
     cpu1 = cpu_times()
+    if on_result is not None:
+        on_result(res)
     after = server_stats(t)
     row: dict[str, Any] = {"offered_per_s": rate, "concurrency": concurrency,
                            **res.summary(), "errors_by_reason": dict(res.errors),

@@ -650,7 +650,8 @@ def under_load(prof: Profile, calibration: dict[int, tuple[int, int]]) -> Profil
 
 def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
                       in_run: dict[int, tuple[int, int]], offsets: np.ndarray, seed: int,
-                      measured: dict[str, Any]) -> dict[str, Any] | None:
+                      measured: dict[str, Any], sent_s: np.ndarray | None = None
+                      ) -> dict[str, Any] | None:
     """A diagnosis, not a prediction: the simulator again, with the time of each batch size
     the server ran in this very run (its statistics' deltas: batches of k one-row
     requests, each size seen at least MIN_RUN_BATCHES times) in place of the profile's,
@@ -662,17 +663,28 @@ def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
     machine the server's speed under load moves 5-13% from its profile, measured, and
     the closed-loop profile's shape departed from the run's by 17-21% at 2 and 4
     requests on PyTriton's Triton: scaled by one ratio it left compute 3-5% short at
-    400/s)."""
+    400/s).
+
+    With `sent_s`, the times (s) the requests actually left the client, sorted: the same
+    simulation on those (`on_sent_times`: mean batch, server queue and compute, the
+    figures that do not count from the intended send time). A client that sends late
+    in bursts bunches requests into bigger batches than its intended times would make;
+    what this recovers was the load generator, not the server."""
     got = with_sizes(prof, in_run, MIN_RUN_BATCHES, trend=True)
     if got is None:
         return None
     run_prof, info = got
     fit = fit_scenario(t, sp, run_prof)
     pred = predict(fit, offsets, seed)
-    return {"sizes_ms": info["sizes_ms"], "batches": info["batches"],
-            "profile_scale": info["profile_scale"], "trend_ms": info["trend_ms"],
-            "run_batches": run_batches_compute(fit, in_run),
-            "compare": compare(measured, pred)}
+    out = {"sizes_ms": info["sizes_ms"], "batches": info["batches"],
+           "profile_scale": info["profile_scale"], "trend_ms": info["trend_ms"],
+           "run_batches": run_batches_compute(fit, in_run),
+           "compare": compare(measured, pred)}
+    if sent_s is not None and sent_s.size:
+        on_sent = compare(measured, predict(fit, sent_s, seed))
+        out["on_sent_times"] = {k: on_sent[k] for k in ("mean_batch", "queue_ms",
+                                                         "compute_ms")}
+    return out
 
 
 def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
@@ -710,7 +722,10 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     offsets = poisson_offsets(rate, n, seed)
     now = probe(t, one) if prof.probe is not None else None
     before = batch_stats(t)
-    measured = measure_rate(t, bodies, rate, n, seed, 256, offsets=offsets)
+    sent: list[np.ndarray] = []
+    measured = measure_rate(t, bodies, rate, n, seed, 256, offsets=offsets,
+                            on_result=lambda res: sent.append(  # (never before intended)
+                                np.sort(np.maximum(res.sent_ns, res.intended_ns)) / 1e9))
     after = batch_stats(t)
     in_run = _delta(before, after) if before is not None and after is not None else {}
     drift = drift_scale(prof, now)
@@ -722,7 +737,8 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
             # (on the closed-loop profile: the run's own times replace it where the run
             # made a size often enough, as they would replace the calibration's)
             "given_measured_compute": given_measured_compute(
-                t, sp, closed_loop or prof, in_run, offsets, seed, measured),
+                t, sp, closed_loop or prof, in_run, offsets, seed, measured,
+                sent_s=sent[0] if sent else None),
             "probe_drift": drift,
             "probe_ms": None if now is None else now.exec_ms}
 
@@ -763,6 +779,14 @@ def notes_for(rows: list[dict[str, Any]], prof: Profile | None = None) -> list[s
                          f"run's own batch times the simulator's mean batch is "
                          f"{c['mean_batch']['error']:+.0%}, p50 {c['p50_ms']['error']:+.0%}, "
                          f"mean queue {c['queue_ms']['error']:+.0%} off the measurement")
+        sent = g.get("on_sent_times") if g else None
+        if sent and g and abs(sent["mean_batch"]["error"] - g["compare"]["mean_batch"]["error"]
+                              ) > 0.01:
+            notes.append(f"at {r['rate_per_s']:g}/s the client sent late (p99 "
+                         f"{r['measured'].get('behind_p99_ms', float('nan')):.1f} ms): on the "
+                         "times the requests left it, the diagnosis' mean batch is "
+                         f"{sent['mean_batch']['error']:+.1%} off the measurement, against "
+                         f"{g['compare']['mean_batch']['error']:+.1%} on the intended times")
         rb = g.get("run_batches") if g else None
         if rb and rb["error"] is not None and abs(rb["error"]) > 0.05:
             notes.append(f"at {r['rate_per_s']:g}/s the diagnosis' times give the server's "
