@@ -203,8 +203,6 @@ def new_state(num_instances: int) -> tuple[np.ndarray, ...]:
             idle, idle.copy(), np.zeros(ring, np.int64), np.zeros(ring, np.int64))
 
 
-
-
 @njit(cache=True, nogil=True)  # nogil: the lab runs simulations on threads
 def run_batcher(
     arrival_ns: np.ndarray,
