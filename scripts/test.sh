@@ -32,6 +32,18 @@ if [ ! -x .venv-pytriton/bin/python ] || ! .venv-pytriton/bin/python -c "import 
         nvidia-pytriton || echo "note: nvidia-pytriton did not install; the real-Triton" \
         "test will skip (and fail under CI=true)" >&2
 fi
+# A real LLM server for the LLM load tests: llama.cpp's llama-server, built once from the
+# llama-cpp-python source distribution on PyPI (about 5 minutes on 2 cores), cached in
+# ~/.cache/servelab keyed by version. Without cmake/g++ those tests skip (and fail in CI).
+if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ make >/dev/null
+    fi
+fi
+PYTHON=.venv/bin/python bash scripts/llama_server.sh >/dev/null \
+    || echo "note: llama-server did not build; the LLM server tests will skip" \
+        "(and fail under CI=true)" >&2
 .venv/bin/ruff check .
 .venv/bin/mypy
 .venv/bin/python -m pytest "$@"

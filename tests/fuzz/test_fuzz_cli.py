@@ -145,6 +145,12 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--model", "--kv-dtype", "--block-size", "--arrival", "--seed",
                           "--gpu-memory-utilization", "--step-profile",
                           "--max-concurrency", "--lengths"],
+    # --url is not fuzzed (a load generator goes where it is told: loopback only here)
+    ("llm", "load"): ["--request-rate", "--burstiness", "--max-concurrency", "--num-prompts",
+                      "--dataset-name", "--dataset-path", "--random-input-len",
+                      "--random-output-len", "--random-range-ratio", "--random-prefix-len",
+                      "--goodput", "--metric-percentiles", "--request-timeout", "--seed",
+                      "--endpoint", "--trace", "--sharegpt-output-len", "--model"],
     ("llm", "plan"): ["--rate", "--max-num-seqs", "--tp", "--ttft-p99-ms", "--tpot-p99-ms",
                       "--max-replicas", "--model", "--seed"],
     ("serve",): ["--model", "--max-batch-size", "--max-queue-delay-us", "--instances",
@@ -180,6 +186,8 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
          # lengths stay small here (a long legitimate run is not the fuzz's business)
          ("llm", "simulate"): ["--num-requests", "20", "--prompt-tokens", "64",
                                "--output-tokens", "16"],
+         # port 9 on loopback: nothing listens, so a valid command line is refused at once
+         ("llm", "load"): ["--url", "http://127.0.0.1:9"],
          ("llm", "plan"): ["--num-requests", "20", "--prompt-tokens", "64",
                            "--output-tokens", "16", "--max-replicas", "8"]}
 
@@ -430,3 +438,20 @@ def test_auto_weight_dtype_follows_a_quantized_checkpoint(cli):  # type: ignore[
                                  "--weight-dtype", "bf16", "--json"])["stdout"])
     assert forced["memory"]["weights_bytes"] == pytest.approx(1342e9)
     assert forced["kv"]["max_sessions"] == 0
+
+
+@st.composite
+def llm_load_lines(draw: st.DrawFn) -> list[str]:
+    cmd = ("llm", "load")
+    argv = [*cmd]
+    for f in draw(st.lists(st.sampled_from(COMMANDS[cmd]), min_size=1, max_size=5)):
+        argv += [f, draw(st.one_of(text_values, st.sampled_from(
+            ["inf", "1,2,inf", "ttft:5", "tpot:0", "sharegpt", "jsonl", "/etc/hostname",
+             "/v1/chat/completions", "/dev/zero", "90,99"])))]
+    return argv + SMALL[cmd]
+
+
+@FUZZ
+@given(argv=llm_load_lines())
+def test_llm_load_command_lines(cli, argv):  # type: ignore[no-untyped-def]
+    check(argv, cli.run(argv))

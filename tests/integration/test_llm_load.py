@@ -1,0 +1,186 @@
+"""`servelab llm load` against servers that misbehave (a mock with a known timing law and
+its bad modes) and against a real llama.cpp `llama-server`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.errors import StoreError
+from servelab.measure.llm_load import Endpoint, LoadPlan, new_session, run_load, run_step
+from servelab.measure.llm_workload import random_requests
+from servelab.measure.process import free_port, server_process
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "servelab"]
+
+
+@contextlib.contextmanager
+def mock(tmp_path: Path, mode: str, *extra: str) -> Iterator[tuple[str, Path]]:
+    port = free_port()
+    log = tmp_path / f"mock-{mode}.jsonl"
+    cmd = [sys.executable, "-m", "tests.mock_openai", "--port", str(port), "--mode", mode,
+           "--log", str(log), *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with server_process(cmd, f"http://127.0.0.1:{port}/health", env=env):
+        yield f"http://127.0.0.1:{port}", log
+
+
+def step(url: str, n: int, *, timeout_s: float = 10.0, rate: float = 20.0, out: int = 8):
+    ep = Endpoint(url, "/v1/completions", "mock")
+    reqs = random_requests(n, input_len=16, output_len=out, seed=1)
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with new_session(100) as s:
+            return await run_step(s, ep, reqs, LoadPlan(rate=rate), seed=0,
+                                  timeout_s=timeout_s, ignore_eos=True)
+    return asyncio.run(go())
+
+
+def test_client_times_match_the_servers_own(tmp_path: Path) -> None:
+    """Each token chunk's arrival, as the client stamped it, against when the mock wrote it
+    (same machine, same monotonic clock): the measurement error itself."""
+    with mock(tmp_path, "law", "--ttft-ms", "15", "--itl-ms", "4") as (url, log):
+        rec = step(url, 30, out=10)
+    assert not any(rec.errors)
+    truth = {row["prompt"]: row for row in map(json.loads, log.read_text().splitlines())}
+    lag_ms = []
+    reqs = random_requests(30, input_len=16, output_len=10, seed=1)
+    for i, r in enumerate(reqs):
+        server = np.array(truth[r.prompt]["chunk_ns"], np.int64)
+        client = rec.chunk_ns[i] + rec.t0_ns
+        assert client.size == server.size == r.max_tokens
+        lag_ms += list((client - server) / 1e6)
+        assert rec.output_tokens[i] == r.max_tokens  # from usage
+    lag = np.array(lag_ms)
+    assert (lag > 0).all()  # a chunk cannot arrive before it was written
+    print(f"client lag behind the server's writes: p50 {np.median(lag):.3f} ms, "
+          f"max {lag.max():.3f} ms")
+    assert np.median(lag) < 1.0
+
+
+@pytest.mark.parametrize(("mode", "reason"), [
+    ("garbage", "bad stream: not JSON"), ("nousage", "no usage"), ("error", "http 503"),
+    ("huge", "bad stream: line too long"), ("forever", "stream over 96 chunks"),
+    ("slow", "timeout after 1.5 s")])
+def test_every_request_is_accounted_for_with_its_reason(tmp_path: Path, mode: str,
+                                                        reason: str) -> None:
+    args = ("law", "--ttft-ms", "60000") if mode == "slow" else (mode,)
+    with mock(tmp_path, *args) as (url, _):
+        rec = step(url, 6, timeout_s=1.5)
+    assert len(rec.errors) == 6
+    assert all(reason in e for e in rec.errors), rec.errors
+    assert (rec.done_ns - rec.intended_ns < 4e9).all()  # bounded time
+
+
+def test_a_server_that_is_down_is_one_line() -> None:
+    port = free_port()
+    done = subprocess.run([*CLI, "llm", "load", "--url", f"http://127.0.0.1:{port}",
+                           "--num-prompts", "3"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "cannot connect" in lines[0]
+    assert "fix:" in lines[0]
+
+
+def test_a_garbage_server_fails_the_probe_in_one_line(tmp_path: Path) -> None:
+    with mock(tmp_path, "garbage") as (url, _):
+        done = subprocess.run([*CLI, "llm", "load", "--url", url, "--model", "m",
+                               "--num-prompts", "3"], capture_output=True, text=True,
+                              timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "not JSON" in done.stderr
+
+
+# ------------------------------------------------------------------ the real llama-server
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.llm_server import llama_server, llama_server_binary, write_gguf
+
+    binary = llama_server_binary()
+    if binary is None:
+        pytest.skip("llama-server could not be built (scripts/llama_server.sh: cmake, g++)")
+    model = write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    with llama_server(binary, model, slots=4, ctx=4096) as url:
+        yield url
+
+
+def test_llama_server_tokens_and_counters_agree(llama: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run([*CLI, "llm", "load", "--url", llama, "--request-rate", "4,inf",
+                           "--num-prompts", "12", "--random-input-len", "48",
+                           "--random-output-len", "16", "--goodput", "ttft:5000",
+                           "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["tokens_per_word"] == pytest.approx(1.0)  # one token a word, as built
+    for s in report["steps"]:
+        c = s["server_counters"]
+        assert s["completed"] == 12
+        assert s["failed"] == 0
+        assert s["total_output_tokens"] == 12 * 16 == c["llamacpp:tokens_predicted_total"]
+        # every prompt token was either computed or taken from the cache, by the server's count
+        assert s["total_input_tokens"] == (c["llamacpp:prompt_tokens_total"]
+                                           + c["llamacpp:prompt_tokens_cached_total"])
+        # unique prompts: nothing from the cache but the BOS token a request may share
+        assert s["cached_prompt_tokens"] <= 12
+        assert s["mean_ttft_ms"] > 0
+        assert s["mean_tpot_ms"] > 0
+        assert s["request_goodput"] > 0
+    vllm_style = json.loads((out / "step-0.json").read_text())
+    assert len(vllm_style["ttfts"]) == len(vllm_style["itls"]) == 12
+    assert vllm_style["request_rate"] == 4.0
+    assert vllm_style["completed"] == 12
+    assert all(len(x) == 15 for x in vllm_style["itls"])  # 16 tokens, one a chunk
+
+
+def test_llama_server_chat_and_closed_loop(llama: str) -> None:
+    ep = Endpoint(llama, "/v1/chat/completions")
+
+    def make(tpw: float, step: int):  # type: ignore[no-untyped-def]
+        return random_requests(8, input_len=24, output_len=6, tokens_per_word=tpw,
+                               first_index=1000 + 8 * step)
+
+    report = asyncio.run(run_load(ep, make, [LoadPlan(max_concurrency=2)], dataset="random"))
+    m = report.steps[0].metrics
+    assert m.completed == 8
+    assert m.total_output_tokens == 48
+    rec = report.records[0]
+    # never more than 2 out at once: at each send, fewer than 2 others started and not done
+    for i in range(8):
+        out = (rec.sent_ns < rec.sent_ns[i]) & (rec.done_ns > rec.sent_ns[i])
+        assert out.sum() <= 1
+    # the intended time is when a slot freed: nothing counts as sent late
+    assert m.send_late_p99_ms < 50
+
+
+def test_wrong_model_name_is_the_servers_word(llama: str) -> None:
+    # llama-server serves whatever name is sent; a refused request would be one line
+    ep = Endpoint(llama, "/v1/completions", "any-name")
+    report = asyncio.run(run_load(ep, lambda t, s: random_requests(2, input_len=8,
+                                                                   output_len=2,
+                                                                   first_index=5000),
+                                  [LoadPlan(rate=50.0)], dataset="random"))
+    assert report.steps[0].metrics.completed == 2
+
+
+def test_probe_failure_is_a_store_error(tmp_path: Path) -> None:
+    with mock(tmp_path, "error") as (url, _), pytest.raises(StoreError, match="http 503"):
+        asyncio.run(run_load(Endpoint(url, "/v1/completions", "m"),
+                             lambda t, s: random_requests(1, input_len=4, output_len=2),
+                             [LoadPlan(rate=1.0)], dataset="random"))

@@ -1,0 +1,209 @@
+"""The LLM load run's figures: each equals an independent computation from the raw event
+times (plain Python, vLLM's definitions as written in its benchmark), and hand cases."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servelab.errors import InputError
+from servelab.measure.llm_metrics import (
+    RunRecords,
+    compute,
+    parse_goodput,
+    parse_percentiles,
+)
+
+MS = 1_000_000
+
+
+def records(rows: list[dict[str, object]]) -> RunRecords:
+    """rows: intended, sent, done (ns), chunks (list of ns), prompt, output, cached, error."""
+    return RunRecords(
+        intended_ns=np.array([r["intended"] for r in rows], np.int64),
+        sent_ns=np.array([r.get("sent", r["intended"]) for r in rows], np.int64),
+        done_ns=np.array([r["done"] for r in rows], np.int64),
+        chunk_ns=tuple(np.array(r["chunks"], np.int64) for r in rows),
+        prompt_tokens=np.array([r.get("prompt", 10) for r in rows], np.int64),
+        output_tokens=np.array([r.get("output", len(r["chunks"])) for r in rows], np.int64),  # type: ignore[arg-type]
+        cached_tokens=np.array([r.get("cached", -1) for r in rows], np.int64),
+        errors=tuple(str(r.get("error", "")) for r in rows))
+
+
+def test_one_request_by_hand() -> None:
+    # sent at 0, first token at 30 ms, then 10 and 20 ms gaps, done at 52 ms; 3 tokens
+    m = compute(records([{"intended": 0, "done": 52 * MS, "chunks": [30 * MS, 40 * MS, 60 * MS
+                                                                          - 8 * MS]}]))
+    assert m.ttft.mean == pytest.approx(30.0)
+    assert m.e2el.mean == pytest.approx(52.0)
+    assert m.tpot.mean == pytest.approx((52 - 30) / 2)  # (E2EL - TTFT) / (3 - 1)
+    assert m.itl.median == pytest.approx(11.0)  # gaps 10 and 12 ms
+    assert m.completed == 1
+    assert m.failed == 0
+    assert m.duration_s == pytest.approx(0.052)
+    assert m.total_output_tokens == 3
+    assert m.request_throughput == pytest.approx(1 / 0.052)
+
+
+def test_latency_counts_from_the_intended_time_not_the_send() -> None:
+    m = compute(records([{"intended": 0, "sent": 40 * MS, "done": 100 * MS,
+                          "chunks": [50 * MS, 60 * MS]}]))
+    assert m.ttft.mean == pytest.approx(50.0)
+    assert m.send_late_p50_ms == pytest.approx(40.0)
+
+
+def test_tokens_come_from_usage_not_chunks() -> None:
+    # 2 chunks but the server counted 5 tokens (several tokens in a chunk)
+    m = compute(records([{"intended": 0, "done": 90 * MS, "chunks": [10 * MS, 90 * MS],
+                          "output": 5}]))
+    assert m.total_output_tokens == 5
+    assert m.tpot.mean == pytest.approx(80 / 4)
+
+
+def test_goodput_counts_requests_meeting_every_slo() -> None:
+    rows = [{"intended": 0, "done": 100 * MS, "chunks": [20 * MS, 60 * MS, 100 * MS]},
+            {"intended": 0, "done": 100 * MS, "chunks": [80 * MS, 90 * MS, 100 * MS]},
+            {"intended": 0, "done": 100 * MS, "chunks": [5 * MS], "output": 1}]
+    m = compute(records(rows), goodput_ms={"ttft": 50, "tpot": 30})
+    # first: ttft 20 ok, tpot 40 > 30 -> bad; second: ttft 80 bad; third: ttft 5, tpot 0 ok
+    assert m.request_goodput == pytest.approx(1 / 0.1)
+    assert compute(records(rows)).request_goodput is None
+
+
+def test_failed_requests_are_counted_with_their_reason_and_left_out_of_latency() -> None:
+    rows = [{"intended": 0, "done": 10 * MS, "chunks": [5 * MS, 10 * MS]},
+            {"intended": 0, "done": 2 * MS, "chunks": [], "error": "http 503: busy",
+             "output": -1, "prompt": -1},
+            {"intended": 0, "done": 3 * MS, "chunks": [], "error": "http 503: busy",
+             "output": -1, "prompt": -1}]
+    m = compute(records(rows))
+    assert (m.completed, m.failed) == (1, 2)
+    assert m.errors_by_reason == {"http 503: busy": 2}
+    assert m.e2el.mean == pytest.approx(10.0)
+    assert m.total_input_tokens == 10
+
+
+def test_cached_tokens_only_when_the_server_says() -> None:
+    rows = [{"intended": 0, "done": 10 * MS, "chunks": [5 * MS], "cached": 7}]
+    assert compute(records(rows)).cached_prompt_tokens == 7
+    rows[0]["cached"] = -1
+    assert compute(records(rows)).cached_prompt_tokens is None
+
+
+def test_vllm_keys() -> None:
+    d = compute(records([{"intended": 0, "done": 10 * MS, "chunks": [5 * MS, 10 * MS]}]),
+                percentiles=(90.0, 99.0, 99.9)).to_dict()
+    for key in ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+                "request_throughput", "request_goodput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
+                "p99_ttft_ms", "p90_tpot_ms", "p99.9_itl_ms", "mean_e2el_ms",
+                "max_output_tokens_per_s", "max_concurrent_requests"):
+        assert key in d, key
+
+
+# ------------------------------------------------------------ the independent computation
+
+
+def _pct(values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (NumPy's default), written out."""
+    v = sorted(values)
+    if len(v) == 1:
+        return v[0]
+    pos = (len(v) - 1) * p / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _independent(rows: list[dict[str, object]], slo: dict[str, float]) -> dict[str, float]:
+    ok = [r for r in rows if not r.get("error")]
+    dur = max(int(r["done"]) for r in rows) / 1e9  # type: ignore[call-overload]
+    ttfts, tpots, all_tpots, itls, e2els = [], [], [], [], []
+    good = 0
+    for r in ok:
+        ch: list[int] = r["chunks"]  # type: ignore[assignment]
+        e2e = (int(r["done"]) - int(r["intended"])) / 1e6  # type: ignore[call-overload]
+        ttft = (ch[0] - int(r["intended"])) / 1e6 if ch else e2e  # type: ignore[call-overload]
+        if ch:
+            ttfts.append(ttft)
+        out = int(r.get("output", len(ch)))  # type: ignore[call-overload]
+        tpot = (e2e - ttft) / (out - 1) if out > 1 else 0.0
+        if out > 1:
+            tpots.append(tpot)
+        all_tpots.append(tpot)
+        itls += [(b - a) / 1e6 for a, b in itertools.pairwise(ch)]
+        e2els.append(e2e)
+        vals = {"ttft": ttft, "tpot": tpot, "e2el": e2e}
+        good += all(vals[k] <= v for k, v in slo.items())
+    out_tok = sum(int(r.get("output", len(r["chunks"]))) for r in ok)  # type: ignore[call-overload, arg-type]
+    res = {"completed": len(ok), "request_throughput": len(ok) / dur,
+           "output_throughput": out_tok / dur, "request_goodput": good / dur}
+    for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        vals = vals or [0.0]
+        res[f"mean_{name}_ms"] = statistics.fmean(vals)
+        res[f"median_{name}_ms"] = statistics.median(vals)
+        res[f"std_{name}_ms"] = statistics.pstdev(vals)
+        res[f"p90_{name}_ms"] = _pct(vals, 90)
+        res[f"p99_{name}_ms"] = _pct(vals, 99)
+    return res
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> list[dict[str, object]]:
+    rows = []
+    for _ in range(draw(st.integers(1, 12))):
+        intended = draw(st.integers(0, 2_000 * MS))
+        late = draw(st.integers(0, 5 * MS))
+        gaps = draw(st.lists(st.integers(1, 80 * MS), min_size=0, max_size=12))
+        start = intended + late + draw(st.integers(1, 300 * MS))
+        chunks = [start + sum(gaps[:k]) for k in range(len(gaps) + 1)] if gaps or draw(
+            st.booleans()) else []
+        done = (chunks[-1] if chunks else intended + late) + draw(st.integers(1, 5 * MS))
+        row: dict[str, object] = {"intended": intended, "sent": intended + late,
+                                  "done": done, "chunks": chunks,
+                                  "output": len(chunks) * draw(st.integers(1, 3))}
+        if draw(st.integers(0, 5)) == 0:
+            row.update(error="timeout after 1 s", chunks=[], output=-1, prompt=-1)
+        rows.append(row)
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=runs(), ttft_slo=st.floats(1, 500), tpot_slo=st.floats(1, 100))
+def test_every_metric_equals_an_independent_computation(rows, ttft_slo, tpot_slo) -> None:  # type: ignore[no-untyped-def]
+    slo = {"ttft": ttft_slo, "tpot": tpot_slo}
+    got = compute(records(rows), percentiles=(90.0, 99.0), goodput_ms=slo).to_dict()
+    want = _independent(rows, slo)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+
+
+def test_busiest_second_as_vllm_buckets_it() -> None:
+    s = 1_000_000_000
+    rows = [{"intended": 0, "done": int(2.5 * s), "chunks": [int(0.1 * s), int(1.1 * s),
+                                                             int(1.2 * s), int(1.3 * s)]},
+            {"intended": int(1.05 * s), "done": int(1.9 * s), "chunks": [int(1.5 * s)]}]
+    m = compute(records(rows))
+    assert m.max_output_tokens_per_s == 4  # second 1 holds 3 + 1 chunks
+    assert m.max_concurrent_requests == 2
+
+
+@pytest.mark.parametrize("bad", ["ttft", "ttft:", "ttft:-1", "tpot:nan", "x:5", "ttft:1e99"])
+def test_goodput_mistakes_name_the_flag(bad: str) -> None:
+    with pytest.raises(InputError, match="--goodput"):
+        parse_goodput([bad])
+
+
+def test_goodput_and_percentiles_parse() -> None:
+    assert parse_goodput(["ttft:500", "tpot:50 e2el:2000"]) == {"ttft": 500, "tpot": 50,
+                                                               "e2el": 2000}
+    assert parse_percentiles("50,90,99.9") == (50, 90, 99.9)
+    for bad in ("", "0", "100", "abc", ",".join(["50"] * 30)):
+        with pytest.raises(InputError, match="--metric-percentiles"):
+            parse_percentiles(bad)
