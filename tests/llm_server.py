@@ -136,12 +136,14 @@ def llama_server_binary() -> str | None:
 
 @contextlib.contextmanager
 def llama_server(binary: str, model: Path, *, slots: int = 4, ctx: int = 8192,
-                 threads: int = 2, extra: tuple[str, ...] = ()) -> Iterator[str]:
+                 threads: int = 2, extra: tuple[str, ...] = (),
+                 cpus: frozenset[int] | None = None) -> Iterator[str]:
     """llama-server on a free loopback port with continuous batching over `slots` slots
-    and its /metrics on; yields the base URL once /health answers 200."""
+    and its /metrics on (pinned to `cpus` if given); yields the base URL once /health
+    answers 200."""
     port = free_port()
     cmd = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
            "-np", str(slots), "-c", str(ctx), "-t", str(threads), "--metrics",
            "--no-webui", *extra]
-    with server_process(cmd, f"http://127.0.0.1:{port}/health", timeout_s=120):
+    with server_process(cmd, f"http://127.0.0.1:{port}/health", timeout_s=120, cpus=cpus):
         yield f"http://127.0.0.1:{port}"

@@ -283,8 +283,10 @@ llm_app = typer.Typer(help="LLM serving under vLLM's scheduler: TTFT, TPOT, toke
                       no_args_is_help=True)
 app.add_typer(llm_app, name="llm")
 from servelab.measure.llm_cli import load as llm_load_command  # noqa: E402
+from servelab.measure.llm_cli import validate as llm_validate_command  # noqa: E402
 
 llm_app.command("load")(llm_load_command)
+llm_app.command("validate")(llm_validate_command)
 _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "max_num_batched_tokens": "llm.max_num_batched_tokens",
              "rate": "llm.request_rate", "num_requests": "llm.num_requests",

@@ -187,13 +187,17 @@ class ProfileStepModel:
 
     @classmethod
     def fit(cls, prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray, step_ms: np.ndarray,
-            source: str = "") -> ProfileStepModel:
+            source: str = "", relative: bool = False) -> ProfileStepModel:
+        """Least squares, in ms or (`relative`) in each step's share of its own time: the
+        latter when steps span orders of magnitude (10 ms decodes beside 500 ms prefills),
+        where plain least squares lets the long steps set the short ones' intercept."""
         x = np.column_stack([np.ones(prefill.size), prefill, decode, kv]).astype(np.float64)
         y = np.asarray(step_ms, dtype=np.float64)
+        w = 1.0 / np.maximum(y, 1e-9) if relative else np.ones_like(y)
         keep = [0, 1, 2, 3]
         coef = np.zeros(4)
         while keep:
-            c, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+            c, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
             if (c >= 0).all():
                 coef[keep] = c
                 break

@@ -199,3 +199,89 @@ def _write(out: Path, report: Any) -> None:
              "itls": [[float(x) / 1e9 for x in (c[1:] - c[:-1])] for c in rec.chunk_ns],
              "errors": list(rec.errors)}
         (out / f"step-{k}.json").write_text(json.dumps(d, default=str))
+
+
+def validate(
+    url: Annotated[str, typer.Option(help="The server's base URL, e.g. http://127.0.0.1:8080.")
+                   ] = "http://127.0.0.1:8000",
+    endpoint: Annotated[str, typer.Option(
+        help="/v1/completions or /v1/chat/completions.")] = "/v1/completions",
+    model: Annotated[str, typer.Option(help="Model name (default: /v1/models' first).")] = "",
+    rule: Annotated[str, typer.Option(
+        help="The server's scheduling rule: llama.cpp or vllm-v1.")] = "llama.cpp",
+    max_num_seqs: Annotated[int | None, typer.Option(
+        help="Sequences at once (llama.cpp: slots; default from /props).")] = None,
+    context_per_seq: Annotated[int | None, typer.Option(
+        help="KV tokens per sequence (llama.cpp: n_ctx / slots; default from /props).")
+                               ] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="Tokens per step (llama.cpp: -b, default 2048).")] = None,
+    random_input_len: Annotated[int, typer.Option(help="Prompt tokens of the load.")] = 256,
+    random_output_len: Annotated[int, typer.Option(help="Output tokens of the load.")] = 64,
+    num_prompts: Annotated[int, typer.Option(help="Requests per load step.")] = 60,
+    shares: Annotated[str, typer.Option(help="Load steps as shares of saturation.")
+                      ] = "0.3,0.6,0.85",
+    seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
+    out: Annotated[Path | None, typer.Option(
+        help="Folder for validation.json and steps.csv (the profile, as "
+             "`llm simulate --step-profile` reads it).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
+) -> None:
+    """Profile an LLM server, fit the simulator's step model and the server's scheduling
+    rule, load it at shares of its saturation and print the prediction beside the
+    measurement."""
+    from servelab.llm.rules import SchedulingRule
+    from servelab.measure.llm_load import Endpoint
+    from servelab.measure.llm_validate import run_validation
+    from servelab.measure.llm_workload import check_random
+
+    ep = Endpoint.parse(url, endpoint, model)
+    try:
+        share_list = tuple(float(x) for x in shares.split(",") if x.strip())
+    except ValueError:
+        raise invalid("--shares", shares, "comma-separated shares of saturation",
+                      "e.g. --shares 0.3,0.6,0.85") from None
+    check_random(num_prompts, input_len=random_input_len, output_len=random_output_len,
+                 seed=seed)
+    for name, v in (("--max-num-seqs", max_num_seqs), ("--context-per-seq", context_per_seq),
+                    ("--max-num-batched-tokens", max_num_batched_tokens)):
+        if v is not None and not 1 <= v <= 10_000_000:
+            raise invalid(name, v, "1 to 10,000,000", f"check {name}")
+    if out is not None and out.exists() and not out.is_dir():
+        raise invalid("--out", str(out), "a folder", "give a folder name")
+    report = asyncio.run(run_validation(
+        ep, rule=SchedulingRule.parse(rule), slots=max_num_seqs, ctx_per_slot=context_per_seq,
+        n_batch=max_num_batched_tokens, input_len=random_input_len,
+        output_len=random_output_len, num_prompts=num_prompts, shares=share_list, seed=seed,
+        say=(lambda s: None) if as_json else (lambda s: stderr.print(s, highlight=False))))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "validation.json").write_text(json.dumps(report.to_dict(), indent=1))
+        (out / "steps.csv").write_text(report.profile.csv())
+    if as_json:
+        print(json.dumps(report.to_dict(), allow_nan=False))
+        return
+    _print_validation(report)
+
+
+def _print_validation(report: Any) -> None:
+    t = Table(title=f"{report.model} at {report.endpoint}: predicted vs measured",
+              title_justify="left")
+    t.add_column("figure")
+    for r in report.rates:
+        t.add_column(f"{r.share_of_saturation:.0%} ({r.offered_per_s:.2f}/s)", justify="right")
+    for k, f in enumerate(report.rates[0].figures if report.rates else ()):
+        cells = []
+        for r in report.rates:
+            g = r.figures[k]
+            mark = "" if g.ok else " ✗"
+            cells.append(f"{g.predicted:.1f} / {g.measured:.1f} ({g.error_pct:+.1f}%){mark}")
+        t.add_row(f.name, *cells)
+    stdout.print(t)
+    s = report.saturation
+    stdout.print(f"saturation: predicted {s.predicted:.2f} / measured {s.measured:.2f} req/s "
+                 f"({s.error_pct:+.1f}%)", highlight=False)
+    for r in report.rates:
+        for n in r.notes:
+            stdout.print(f"{r.share_of_saturation:.0%}: {n}", highlight=False)
+    stdout.print(f"verdict: {report.verdict}", highlight=False)

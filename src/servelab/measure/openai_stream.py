@@ -39,6 +39,7 @@ class StreamTiming:
     output_tokens: int = -1
     cached_tokens: int = -1  # prompt tokens served from the server's cache, when it tells
     text_chars: int = 0
+    server_prompt_ms: float = -1.0  # llama.cpp's timings.prompt_ms: its prompt's compute
 
 
 def request_body(*, chat: bool, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
@@ -78,8 +79,11 @@ def _take_usage(event: dict[str, Any], out: StreamTiming) -> None:
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             out.cached_tokens = details["cached_tokens"]
     timings = event.get("timings")  # llama.cpp's per-request figures
-    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-        out.cached_tokens = timings["cache_n"]
+    if isinstance(timings, dict):
+        if isinstance(timings.get("cache_n"), int):
+            out.cached_tokens = timings["cache_n"]
+        if isinstance(timings.get("prompt_ms"), int | float):
+            out.server_prompt_ms = float(timings["prompt_ms"])
 
 
 async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, *,

@@ -1,0 +1,405 @@
+"""`servelab llm validate`: profile an OpenAI-compatible LLM server, fit the LLM
+simulator's step model to it, load it, and set the prediction beside the measurement.
+
+1. **limits**: the server's scheduling rule (`llama.cpp` or `vllm-v1`, see llm/rules.py)
+   and its limits, from llama.cpp's `/props` (slots, context per slot) or flags;
+2. **profile** by controlled runs:
+   - prefill: one request at a time at three prompt lengths; the step's time is the
+     server's own `timings.prompt_ms` where it gives one (llama.cpp), else the client's
+     TTFT; the client's TTFT less it, at the median, is the time outside the steps
+     (HTTP, tokenizing, the wait for the server's next loop): `overhead_ms`;
+   - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
+     median gap between chunks in the middle of their streams is a step of c decodes
+     reading their KV;
+   - fit: `ProfileStepModel` (step_ms = base + per prefill token + per decode sequence
+     + per KV token read, each ≥ 0) by least squares in relative error over those rows
+     (10 ms decode steps beside 500 ms prefills: in plain ms the prefills set the
+     intercept and the decodes came out 20% short against llama-server);
+3. **saturation**: the throughput with the server always full (a closed loop of twice
+   the slots), measured, and predicted by the simulator on the same lengths;
+4. **load** at shares of it (default 30%, 60%, 85%), Poisson, and the simulator on the
+   same intended arrival times and the lengths the server counted; TTFT and E2EL get the
+   overhead added (it is outside the steps);
+5. **compare**: TTFT, TPOT and E2EL p50/p90/p99 and throughput, predicted / measured
+   with % error, judged against ±10% (p50), ±15% (p90), ±20% (p99), ±5% (throughput),
+   ±10% (saturation); a diagnosis: the client (sent late?), the scheduling (the steps
+   the simulator ran against the server's own count of decode calls, where it gives one),
+   or the step model (TPOT off while the steps agree).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from servelab.errors import StoreError, invalid
+from servelab.llm.rules import LLAMA_CPP_N_BATCH, SchedulingRule, llama_cpp, vllm_v1
+from servelab.llm.serving import (
+    ProfileStepModel,
+    Requests,
+    SchedulerConfig,
+    ServingResult,
+    simulate_serving,
+)
+from servelab.measure.llm_load import (
+    Endpoint,
+    LoadPlan,
+    counter_diff,
+    model_name,
+    new_session,
+    read_metrics,
+    run_step,
+    tokens_per_word,
+)
+from servelab.measure.llm_metrics import RunRecords, compute
+from servelab.measure.llm_workload import random_requests
+
+TOLERANCE = {"p50": 10.0, "p90": 15.0, "p99": 20.0, "throughput": 5.0, "saturation": 10.0}
+PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-batches
+DECODE_PROMPTS = (32, 448)  # two contexts, so KV read and sequences can be told apart
+DECODE_TOKENS = 48
+SKIP_GAPS = 8  # a decode stream's first gaps, shared with other requests' prefills
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What the scheduler is given, and where each figure came from."""
+
+    rule: SchedulingRule
+    slots: int  # max_num_seqs
+    ctx_per_slot: int
+    max_num_batched_tokens: int
+    source: str
+
+    def scheduler(self) -> SchedulerConfig:
+        if self.rule is SchedulingRule.LLAMA_CPP:
+            return llama_cpp(self.slots, self.ctx_per_slot, self.max_num_batched_tokens)
+        blocks = self.slots * -(-self.ctx_per_slot // 16)
+        return vllm_v1(blocks, 16, self.slots, self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """The controlled runs' rows and the step model fitted to them."""
+
+    prefill_tokens: tuple[int, ...]
+    decode_seqs: tuple[int, ...]
+    kv_tokens_read: tuple[float, ...]
+    step_ms: tuple[float, ...]
+    overhead_ms: float
+    model: ProfileStepModel
+    server_timed: bool  # prefill steps from the server's own timings
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.model
+        return {"rows": [{"prefill_tokens": p, "decode_seqs": d, "kv_tokens_read": k,
+                          "step_ms": s} for p, d, k, s in zip(
+                              self.prefill_tokens, self.decode_seqs, self.kv_tokens_read,
+                              self.step_ms, strict=True)],
+                "overhead_ms": self.overhead_ms, "server_timed": self.server_timed,
+                "step_model": {"base_ms": m.base_ms,
+                               "per_prefill_token_ms": m.per_prefill_token_ms,
+                               "per_decode_seq_ms": m.per_decode_seq_ms,
+                               "per_kv_token_ms": m.per_kv_token_ms,
+                               "fit_max_abs_error_pct": m.max_abs_error_pct}}
+
+    def csv(self) -> str:
+        """The rows as `llm simulate --step-profile` reads them."""
+        lines = ["prefill_tokens,decode_seqs,kv_tokens_read,step_ms"]
+        lines += [f"{p},{d},{k:.1f},{s:.4f}" for p, d, k, s in zip(
+            self.prefill_tokens, self.decode_seqs, self.kv_tokens_read, self.step_ms,
+            strict=True)]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """One figure, predicted beside measured."""
+
+    name: str
+    predicted: float
+    measured: float
+    tolerance_pct: float
+
+    @property
+    def error_pct(self) -> float:
+        if not (math.isfinite(self.predicted) and math.isfinite(self.measured)) or \
+                self.measured == 0:
+            return math.nan
+        return (self.predicted - self.measured) / self.measured * 100
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error_pct) <= self.tolerance_pct
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.error_pct
+        return {"name": self.name, "predicted": self.predicted, "measured": self.measured,
+                "error_pct": None if math.isnan(e) else e,
+                "tolerance_pct": self.tolerance_pct, "ok": self.ok}
+
+
+@dataclass(frozen=True, slots=True)
+class RateResult:
+    """One load step: the rate, the figures compared, and what the diagnosis found."""
+
+    offered_per_s: float
+    share_of_saturation: float
+    figures: tuple[Compared, ...]
+    steps_predicted: int
+    steps_measured: float | None  # the server's own decode calls over the step
+    send_late_p99_ms: float
+    failed: int
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"offered_per_s": self.offered_per_s,
+                "share_of_saturation": self.share_of_saturation,
+                "figures": [f.to_dict() for f in self.figures],
+                "steps_predicted": self.steps_predicted, "steps_measured": self.steps_measured,
+                "send_late_p99_ms": self.send_late_p99_ms, "failed": self.failed,
+                "notes": list(self.notes)}
+
+
+@dataclass(frozen=True, slots=True)
+class LlmValidationReport:
+    endpoint: str
+    model: str
+    limits: ServerLimits
+    profile: Profile
+    saturation: Compared
+    rates: tuple[RateResult, ...]
+    input_tokens: int
+    output_tokens: int
+    tokens_per_word: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def verdict(self) -> str:
+        figures = [self.saturation, *(f for r in self.rates for f in r.figures)]
+        bad = [f for f in figures if not f.ok]
+        return "holds" if not bad else f"misses on {len(bad)} of {len(figures)} figures"
+
+    def to_dict(self) -> dict[str, Any]:
+        lim = self.limits
+        return {"endpoint": self.endpoint, "model": self.model,
+                "limits": {"rule": str(lim.rule), "slots": lim.slots,
+                           "ctx_per_slot": lim.ctx_per_slot,
+                           "max_num_batched_tokens": lim.max_num_batched_tokens,
+                           "source": lim.source},
+                "profile": self.profile.to_dict(), "saturation": self.saturation.to_dict(),
+                "rates": [r.to_dict() for r in self.rates],
+                "workload": {"input_tokens": self.input_tokens,
+                             "output_tokens": self.output_tokens,
+                             "tokens_per_word": self.tokens_per_word},
+                "verdict": self.verdict, "notes": list(self.notes)}
+
+
+# ------------------------------------------------------------------- the steps
+
+
+async def discover_limits(session: aiohttp.ClientSession, base: str, rule: SchedulingRule,
+                          slots: int | None, ctx_per_slot: int | None,
+                          n_batch: int | None) -> ServerLimits:
+    """llama.cpp's /props gives slots and context per slot; flags override or supply."""
+    found: dict[str, Any] = {}
+    if rule is SchedulingRule.LLAMA_CPP:
+        try:
+            async with asyncio.timeout(10.0):
+                async with session.get(base + "/props") as resp:
+                    if resp.status == 200:
+                        props = await resp.json(content_type=None)
+                        if isinstance(props, dict):
+                            found["slots"] = props.get("total_slots")
+                            dgs = props.get("default_generation_settings")
+                            if isinstance(dgs, dict):
+                                found["ctx"] = dgs.get("n_ctx")
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            pass
+    s = slots or (found.get("slots") if isinstance(found.get("slots"), int) else None)
+    c = ctx_per_slot or (found.get("ctx") if isinstance(found.get("ctx"), int) else None)
+    if s is None or c is None:
+        raise StoreError(f"--url {base}: the server did not say its slots and context per "
+                         "slot (llama.cpp's /props); fix: give --max-num-seqs and "
+                         "--context-per-seq")
+    src = "flags" if slots and ctx_per_slot else ("/props" if not (slots or ctx_per_slot)
+                                                  else "/props and flags")
+    nb = n_batch or LLAMA_CPP_N_BATCH
+    if n_batch is None:
+        src += f"; max_num_batched_tokens {nb} is llama.cpp's default -b (not reported)"
+    limits = ServerLimits(rule, s, c, nb, src)
+    limits.scheduler().check()
+    return limits
+
+
+def _median_gap_ms(rec: RunRecords, i: int) -> float:
+    gaps = np.diff(rec.chunk_ns[i])[SKIP_GAPS:]
+    return float(np.median(gaps)) / 1e6 if gaps.size else math.nan
+
+
+async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: ServerLimits,
+                         tpw: float, say: Callable[[str], None]) -> Profile:
+    """The controlled runs (see the module docstring) and the fit."""
+    rows_p: list[int] = []
+    rows_d: list[int] = []
+    rows_k: list[float] = []
+    rows_ms: list[float] = []
+    overheads: list[float] = []
+    timed = True
+    index = 10_000_000  # prompt indices of their own: nothing shared with the load steps
+    for length in PREFILL_LENGTHS:
+        reqs = random_requests(2, input_len=length, output_len=2, tokens_per_word=tpw,
+                               first_index=index)
+        index += 2
+        for r in reqs:  # one at a time
+            rec = await run_step(session, ep, [r], LoadPlan(rate=math.inf), seed=0,
+                                 timeout_s=600, ignore_eos=True)
+            if rec.errors[0]:
+                raise StoreError(f"profile: a prefill request failed ({rec.errors[0]})")
+            ttft_ms = (rec.chunk_ns[0][0] - rec.intended_ns[0]) / 1e6
+            server_ms = (float(rec.server_prompt_ms[0]) if rec.server_prompt_ms is not None
+                         else -1.0)
+            step_ms = server_ms if server_ms > 0 else ttft_ms
+            timed &= server_ms > 0
+            rows_p.append(int(rec.prompt_tokens[0]))
+            rows_d.append(0)
+            rows_k.append(0.0)
+            rows_ms.append(step_ms)
+            overheads.append(ttft_ms - step_ms)
+    say(f"profile: prefill at {', '.join(map(str, PREFILL_LENGTHS))} tokens")
+    levels = sorted({1, 2, limits.slots})
+    for prompt_len in DECODE_PROMPTS:
+        for c in levels:
+            reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
+                                   tokens_per_word=tpw, first_index=index)
+            index += c
+            rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0,
+                                 timeout_s=600, ignore_eos=True)
+            if any(rec.errors):
+                failed = next(e for e in rec.errors if e)
+                raise StoreError(f"profile: a decode request failed ({failed})")
+            gap = float(np.median([_median_gap_ms(rec, i) for i in range(c)]))
+            prompt = float(np.mean(rec.prompt_tokens))
+            rows_p.append(0)
+            rows_d.append(c)
+            rows_k.append(c * (prompt + SKIP_GAPS + (DECODE_TOKENS - SKIP_GAPS) / 2))
+            rows_ms.append(gap)
+    say(f"profile: decode with {', '.join(map(str, levels))} sequences at once, after "
+        f"{' and '.join(map(str, DECODE_PROMPTS))}-token prompts")
+    model = ProfileStepModel.fit(np.array(rows_p, float), np.array(rows_d, float),
+                                 np.array(rows_k), np.array(rows_ms), source="llm validate",
+                                 relative=True)
+    return Profile(tuple(rows_p), tuple(rows_d), tuple(rows_k), tuple(rows_ms),
+                   max(0.0, float(np.median(overheads))), model, timed)
+
+
+def simulate_same(rec: RunRecords, limits: ServerLimits, profile: Profile,
+                  max_concurrency: int = 0) -> ServingResult:
+    """The simulator on a step's own intended times and the lengths the server counted."""
+    ok = rec.ok
+    req = Requests(arrival_s=rec.intended_ns[ok] / 1e9,
+                   prompt=np.maximum(rec.prompt_tokens[ok], 1),
+                   output=np.maximum(rec.output_tokens[ok], 1),
+                   prefix_hit=np.zeros(int(ok.sum()), bool))
+    return simulate_serving(req, limits.scheduler(), profile.model, max_concurrency)
+
+
+def _figures(rec: RunRecords, sim: ServingResult, overhead_ms: float) -> tuple[Compared, ...]:
+    m = compute(rec, percentiles=(50.0, 90.0, 99.0))
+    out = []
+    for name, dist, pred_s, add in (("TTFT", m.ttft, sim.ttft_s, overhead_ms),
+                                    ("TPOT", m.tpot, sim.tpot_s, 0.0),
+                                    ("E2EL", m.e2el, sim.e2e_s, overhead_ms)):
+        pred = pred_s[np.isfinite(pred_s)] * 1e3 + add
+        for (p, measured), key in zip(dist.percentiles, ("p50", "p90", "p99"), strict=True):
+            predicted = float(np.percentile(pred, p)) if pred.size else math.nan
+            out.append(Compared(f"{name} {key} (ms)", predicted, measured, TOLERANCE[key]))
+    duration_pred = max(float(sim.end_s) + overhead_ms / 1e3, 1e-9)
+    out.append(Compared("throughput (req/s)", m.completed / duration_pred,
+                        m.request_throughput, TOLERANCE["throughput"]))
+    return tuple(out)
+
+
+async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.LLAMA_CPP,
+                         slots: int | None = None, ctx_per_slot: int | None = None,
+                         n_batch: int | None = None, input_len: int = 256,
+                         output_len: int = 64, num_prompts: int = 60,
+                         shares: tuple[float, ...] = (0.3, 0.6, 0.85), seed: int = 0,
+                         say: Callable[[str], None] = lambda s: None) -> LlmValidationReport:
+    """Profile, fit, saturate, load and compare (see the module docstring)."""
+    if not shares or len(shares) > 10 or not all(0 < s <= 2 for s in shares):
+        raise invalid("--shares", shares, "1 to 10 shares of saturation above 0, at most 2",
+                      "e.g. --shares 0.3,0.6,0.85")
+    async with new_session(1000) as session:
+        if not ep.model:
+            ep = Endpoint(ep.base, ep.path, await model_name(session, ep.base))
+        tpw = await tokens_per_word(session, ep, seed=seed, timeout_s=600)
+        limits = await discover_limits(session, ep.base, rule, slots, ctx_per_slot, n_batch)
+        say(f"limits: {limits.rule} with {limits.slots} slots of {limits.ctx_per_slot} tokens "
+            f"({limits.source})")
+        profile = await profile_server(session, ep, limits, tpw, say)
+        m = profile.model
+        say(f"fit: step = {m.base_ms:.3f} ms + {m.per_prefill_token_ms:.4f} ms/prefill token "
+            f"+ {m.per_decode_seq_ms:.3f} ms/decode seq + {m.per_kv_token_ms:.5f} ms/KV "
+            f"token; outside the steps {profile.overhead_ms:.2f} ms")
+        first = 0
+
+        def workload(n: int) -> list[Any]:
+            nonlocal first
+            reqs = random_requests(n, input_len=input_len, output_len=output_len,
+                                   tokens_per_word=tpw, seed=seed, first_index=first)
+            first += n
+            return reqs
+
+        conc = 2 * limits.slots
+        rec = await run_step(session, ep, workload(num_prompts),
+                             LoadPlan(max_concurrency=conc), seed=seed, timeout_s=600,
+                             ignore_eos=True)
+        sat_measured = compute(rec).request_throughput
+        sim = simulate_same(rec, limits, profile, max_concurrency=conc)
+        sat_pred = int(rec.ok.sum()) / max(sim.end_s, 1e-9)
+        saturation = Compared("saturation (req/s)", sat_pred, sat_measured,
+                              TOLERANCE["saturation"])
+        say(f"saturation: {sat_measured:.2f} req/s measured, {sat_pred:.2f} predicted")
+        rates = []
+        for k, share in enumerate(shares):
+            rate = share * sat_measured
+            before = await read_metrics(session, ep.base)
+            rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),
+                                 seed=seed + k + 1, timeout_s=600, ignore_eos=True)
+            after = await read_metrics(session, ep.base)
+            counters = counter_diff(before, after)
+            sim = simulate_same(rec, limits, profile)
+            metrics = compute(rec)
+            figures = _figures(rec, sim, profile.overhead_ms)
+            steps_measured = counters.get("llamacpp:n_decode_total")
+            notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms)
+            rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
+                                    metrics.send_late_p99_ms, metrics.failed, notes))
+            say(f"{share:.0%} of saturation ({rate:.2f}/s): "
+                + ", ".join(f"{f.name} {f.error_pct:+.1f}%" for f in figures
+                            if "p50" in f.name))
+    return LlmValidationReport(ep.base + ep.path, ep.model, limits, profile, saturation,
+                               tuple(rates), input_len, output_len, tpw)
+
+
+def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float | None,
+              late_p99_ms: float) -> tuple[str, ...]:
+    notes = []
+    if late_p99_ms > 10:
+        notes.append(f"client: sent up to {late_p99_ms:.1f} ms late (p99); the client, not "
+                     "the server, may have limited this step")
+    if steps_meas:
+        err = (steps_pred - steps_meas) / steps_meas * 100
+        notes.append(f"scheduling: {steps_pred:,} steps simulated, {steps_meas:,.0f} decode "
+                     f"calls by the server's count ({err:+.1f}%)")
+        tpot = next(f for f in figures if f.name.startswith("TPOT p50"))
+        if abs(err) <= 10 and not tpot.ok:
+            notes.append("step model: the steps agree but TPOT misses; the step times are off")
+    return tuple(notes)
