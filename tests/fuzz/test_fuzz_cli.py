@@ -151,6 +151,10 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                       "--random-output-len", "--random-range-ratio", "--random-prefix-len",
                       "--goodput", "--metric-percentiles", "--request-timeout", "--seed",
                       "--endpoint", "--trace", "--sharegpt-output-len", "--model"],
+    ("llm", "validate"): ["--rule", "--max-num-seqs", "--context-per-seq",
+                          "--max-num-batched-tokens", "--random-input-len",
+                          "--random-output-len", "--num-prompts", "--shares", "--seed",
+                          "--endpoint", "--model"],
     ("llm", "plan"): ["--rate", "--max-num-seqs", "--tp", "--ttft-p99-ms", "--tpot-p99-ms",
                       "--max-replicas", "--model", "--seed"],
     ("serve",): ["--model", "--max-batch-size", "--max-queue-delay-us", "--instances",
@@ -188,6 +192,7 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
                                "--output-tokens", "16"],
          # port 9 on loopback: nothing listens, so a valid command line is refused at once
          ("llm", "load"): ["--url", "http://127.0.0.1:9"],
+         ("llm", "validate"): ["--url", "http://127.0.0.1:9"],
          ("llm", "plan"): ["--num-requests", "20", "--prompt-tokens", "64",
                            "--output-tokens", "16", "--max-replicas", "8"]}
 
@@ -442,7 +447,7 @@ def test_auto_weight_dtype_follows_a_quantized_checkpoint(cli):  # type: ignore[
 
 @st.composite
 def llm_load_lines(draw: st.DrawFn) -> list[str]:
-    cmd = ("llm", "load")
+    cmd = draw(st.sampled_from([("llm", "load"), ("llm", "validate")]))
     argv = [*cmd]
     for f in draw(st.lists(st.sampled_from(COMMANDS[cmd]), min_size=1, max_size=5)):
         argv += [f, draw(st.one_of(text_values, st.sampled_from(
