@@ -298,7 +298,8 @@ _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "prefix_caching": "llm.enable_prefix_caching",
              "prefix_tokens": "llm.prefix_tokens", "prefix_hit_share": "llm.prefix_hit_share",
              "ttft_p99_ms": "llm.ttft_p99_slo_ms", "tpot_p99_ms": "llm.tpot_p99_slo_ms",
-             "step_profile": "llm.step_profile_csv", "lengths": "llm.lengths_csv"}
+             "step_profile": "llm.step_profile_csv", "lengths": "llm.lengths_csv",
+             "num_gpu_blocks_override": "llm.num_gpu_blocks_override"}
 
 RateOpt = Annotated[float | None, typer.Option(
     help="Requests per second over all replicas ([llm] request_rate, default 5).")]
@@ -407,6 +408,9 @@ def llm_simulate(
         help="Share of HBM bandwidth a decode reaches.")] = 0.8,
     overhead_ms: Annotated[float, typer.Option(help="Scheduler/launch time per step.")] = 0.5,
     step_profile: StepProfileOpt = None,
+    num_gpu_blocks_override: Annotated[int | None, typer.Option(
+        help="KV blocks per replica as given, not sized from memory (vLLM's flag; "
+             "[llm] num_gpu_blocks_override).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:

@@ -239,6 +239,7 @@ class LlmPool:
     ttft_p99_slo_ms: float = 1000.0
     tpot_p99_slo_ms: float = 50.0
     step_profile_csv: str | None = None  # a measured step profile instead of the roofline
+    num_gpu_blocks_override: int | None = None  # vLLM's: KV blocks per replica, as measured
 
     @property
     def tensor_parallel(self) -> int:
@@ -594,6 +595,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "ttft_p99_slo_ms": _num(0, 3_600_000, strict_lo=True),
         "tpot_p99_slo_ms": _num(0, 3_600_000, strict_lo=True),
         "step_profile_csv": _opt(_str),
+        "num_gpu_blocks_override": _opt(_int(1, 100_000_000)),
     }),
 }
 

@@ -144,7 +144,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--compute-efficiency", "--memory-efficiency", "--overhead-ms",
                           "--model", "--kv-dtype", "--block-size", "--arrival", "--seed",
                           "--gpu-memory-utilization", "--step-profile",
-                          "--max-concurrency", "--lengths"],
+                          "--max-concurrency", "--lengths", "--num-gpu-blocks-override"],
     # --url is not fuzzed (a load generator goes where it is told: loopback only here)
     ("llm", "load"): ["--request-rate", "--burstiness", "--max-concurrency", "--num-prompts",
                       "--dataset-name", "--dataset-path", "--random-input-len",
@@ -233,7 +233,8 @@ SCENARIO_KEYS = {
             "request_rate", "max_concurrency", "lengths_csv", "num_requests",
             "prompt_tokens_p99",
             "enable_chunked_prefill",
-            "prefix_hit_share", "step_profile_csv", "tpot_p99_slo_ms"],
+            "prefix_hit_share", "step_profile_csv", "tpot_p99_slo_ms",
+            "num_gpu_blocks_override"],
     "nope": ["x"],
 }
 toml_scalars = st.one_of(

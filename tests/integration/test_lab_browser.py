@@ -420,3 +420,40 @@ def test_llm_section_runs_the_simulator_and_follows_its_sliders(browser, lab_url
     page.wait_for_selector("#chart-llm-rate .main-svg", state="attached", timeout=30_000)
     page.wait_for_selector("#chart-llm-kv .main-svg", state="attached", timeout=30_000)
     assert not watch.errors, watch.errors
+
+
+def test_an_llm_validation_drives_the_llm_section(browser, lab_url):
+    """llm validate's report (the real one kept in docs/runs), read in the page: the
+    section's simulator runs on that server's fitted step model and limits, the figures
+    equal /api/llm's for the same query, and the measured p99s are drawn over the rate
+    chart."""
+    report = Path(__file__).resolve().parents[2] / "docs" / "runs" / \
+        "2026-12-01-llm-validate-llama-server.json"
+    data = json.loads(report.read_text())
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
+    before = page.get_attribute("#out-llm-ttft", "data-value")
+    page.set_input_files("#file-llm-validation", str(report))
+    page.wait_for_function("document.getElementById('chart-llm-rate').data && document"
+                           ".getElementById('chart-llm-rate').data.some(t => t.name === "
+                           "'validate: measured TTFT p99')", timeout=60_000)
+    assert page.get_attribute("#out-llm-ttft", "data-value") != before
+    traces = page.evaluate("document.getElementById('chart-llm-rate').data.map("
+                           "t => [t.name, t.x, t.y])")
+    measured = next(t for t in traces if t[0] == "validate: measured TTFT p99")
+    assert measured[1] == [r["offered_per_s"] for r in data["rates"]]
+    assert measured[2] == [next(f["measured"] for f in r["figures"]
+                                if f["name"] == "TTFT p99 (ms)") for r in data["rates"]]
+    query = page.evaluate("llmQuery()")
+    assert query["fitted"]["base_ms"] == data["profile"]["step_model"]["base_ms"]
+    assert query["max_num_seqs"] == data["limits"]["slots"]
+    import urllib.request
+
+    req = urllib.request.Request(lab_url + "/api/llm", json.dumps(query).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        want = json.loads(r.read())
+    assert json.loads(page.get_attribute("#out-llm-ttft", "data-value")) == pytest.approx(
+        want["ttft_ms"]["p99"])
+    assert "fitted" in page.text_content("#out-llm-validation")
+    assert not watch.errors, watch.errors

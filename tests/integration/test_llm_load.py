@@ -224,6 +224,16 @@ def test_validate_against_a_real_llama_server(llama_pinned: str, tmp_path: Path)
     assert report["limits"]["ctx_per_slot"] == 1024
     sat = report["saturation"]
     assert abs(sat["error_pct"]) <= 15, sat
+    # the fitted scenario runs in llm simulate, near the measured TTFT at the same rate
+    sim = subprocess.run([*CLI, "llm", "simulate", "--scenario", str(out / "scenario.toml"),
+                          "--num-requests", "300", "--json"], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert sim.returncode == 0, sim.stderr
+    ttft = json.loads(sim.stdout)["ttft_ms"]["p50"]
+    measured = next(f["measured"] for f in report["rates"][1]["figures"]
+                    if f["name"] == "TTFT p50 (ms)")
+    print(f"llm simulate on the fitted scenario: TTFT p50 {ttft:.1f} ms, measured {measured:.1f}")
+    assert ttft == pytest.approx(measured, rel=0.3)
     for rate in report["rates"]:
         assert rate["failed"] == 0
         figs = {f["name"]: f for f in rate["figures"]}

@@ -393,7 +393,12 @@ def test_drift_meta_names_the_example_features_and_parity(client):
     "rate": st.one_of(st.floats(allow_nan=False, allow_infinity=False),
                       st.integers(-5, 20_000)),
     "prompt_tokens": st.integers(-1, 40_000), "output_tokens": st.integers(-1, 10_000),
-    "max_num_seqs": st.integers(0, 5_000), "max_num_batched_tokens": st.integers(0, 200_000)}))
+    "max_num_seqs": st.integers(0, 5_000), "max_num_batched_tokens": st.integers(0, 200_000),
+    "fitted": st.one_of(st.none(), st.text(max_size=5), st.fixed_dictionaries(
+        {k: st.floats(-1, 2e5, allow_nan=False) for k in (
+            "base_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")},
+        optional={"overhead_ms": st.floats(-1, 1e6, allow_nan=False),
+                  "num_blocks": st.integers(-1, 20_000_000), "label": st.text(max_size=300)}))}))
 def test_llm_endpoint_takes_any_body_in_bounded_time(client, body):
     t0 = time.monotonic()
     r = client.post("/api/llm", json=body)
@@ -412,3 +417,25 @@ def test_llm_model_names_only_never_a_path(client, opened):
         assert "model" in assert_json_error(r, 400)
     assert not [p for p in opened if "passwd" in p or p.endswith("hosts") or
                 p.endswith("config.json")]
+
+
+def test_llm_endpoint_runs_a_validated_servers_fit(client):
+    """The page sends llm validate's fit; the section's figures are the simulator's on
+    that step model and pool, with the time outside the steps added to TTFT, as validate
+    adds it."""
+    from servelab.lab.llm_lab import LlmIn, run
+
+    fit = {"base_ms": 9.5, "per_prefill_token_ms": 1.14, "per_decode_seq_ms": 1.6,
+           "per_kv_token_ms": 0.0077, "overhead_ms": 6.0, "num_blocks": 256, "label": "x"}
+    body = {"rate": 1.0, "prompt_tokens": 128, "output_tokens": 32, "max_num_seqs": 4,
+            "max_num_batched_tokens": 2048}
+    fitted = client.post("/api/llm", json={**body, "fitted": fit}).json()
+    plain = run(LlmIn.model_validate({**body, "fitted": {**fit, "overhead_ms": 0.0}}))
+    assert fitted["ttft_ms"]["p50"] == pytest.approx(plain["ttft_ms"]["p50"] + 6.0)
+    assert fitted["tpot_ms"]["p50"] == pytest.approx(plain["tpot_ms"]["p50"])
+    assert fitted["num_blocks_per_replica"] == 256
+    assert fitted["step_model"]["kind"] == "profile"
+    roofline = client.post("/api/llm", json=body).json()
+    assert roofline["step_model"]["kind"] != "profile"
+    bad = client.post("/api/llm", json={**body, "fitted": {**fit, "base_ms": -1}})
+    assert "base_ms" in assert_json_error(bad, 400)

@@ -525,3 +525,17 @@ def test_roofline_sides_against_gemms_measured_on_an_h200(name):
         if t >= 512:  # compute-bound GEMMs reached 0.69-0.77 of peak; the stated 0.7
             # holds them within 15% (a real prefill adds attention, norms, activations)
             assert predicted == pytest.approx(measured, rel=0.15), (t, predicted, measured)
+
+
+def test_num_gpu_blocks_override_sets_the_pool_as_vllm_does():
+    """vLLM's --num-gpu-blocks-override: the pool is the blocks given, not sized from
+    memory; the report says so (a fitted CPU server's slots have no GPU memory to size)."""
+    from servelab.llm.kv import size_pool
+    from servelab.llm.pool import pool_spec
+    from servelab.scenario import LlmPool, Scenario
+
+    s = Scenario(llm=LlmPool(num_gpu_blocks_override=1234))
+    pool = size_pool(pool_spec(s))
+    assert pool.num_blocks == 1234
+    assert any("num_gpu_blocks_override" in n for n in pool.notes)
+    assert size_pool(pool_spec(Scenario(llm=LlmPool()))).num_blocks != 1234

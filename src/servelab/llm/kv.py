@@ -156,6 +156,7 @@ class PoolSpec:
     activation_gib: float | None = None
     non_torch_gib: float | None = None
     cudagraph_gib: float = 0.0
+    num_gpu_blocks_override: int | None = None  # vLLM's flag: the pool's blocks as given
 
 
 # Non-torch memory (CUDA context, cuBLAS workspace, NCCL buffers): vLLM logs have shown
@@ -254,12 +255,16 @@ def size_pool(p: PoolSpec) -> PoolReport:
     available = usable - w_rank - act - non_torch - graphs
     per_tok_gpu = bytes_per_token_per_gpu(m, kv_dtype, p.tp)
     block_bytes = p.block_size * per_tok_gpu
-    num_blocks = max(0, int(available // block_bytes))
+    num_blocks = (p.num_gpu_blocks_override if p.num_gpu_blocks_override is not None
+                  else max(0, int(available // block_bytes)))
     per_req = blocks_per_request(m, p.context_tokens, p.block_size, p.max_num_batched_tokens)
     concurrency = num_blocks / math.ceil(per_req) if per_req else 0.0
     replicas = p.num_gpus // p.tp
     notes = []
-    if available <= 0:
+    if p.num_gpu_blocks_override is not None:
+        notes.append(f"KV pool: {num_blocks:,} blocks as given (num_gpu_blocks_override, "
+                     "vLLM's --num-gpu-blocks-override), not sized from memory")
+    elif available <= 0:
         notes.append(f"the weights and reserves need {(-available) / GIB:.2f} GiB more than "
                      "gpu_memory_utilization leaves on each GPU: nothing is left for KV")
     if p.context_tokens > m.max_position_embeddings:

@@ -66,6 +66,7 @@ def pool_spec(s: Scenario, *, memory_runtime_gib: float | None = None,
         activation_gib=activation_gib,
         non_torch_gib=non_torch_gib,
         cudagraph_gib=cudagraph_gib,
+        num_gpu_blocks_override=p.num_gpu_blocks_override,
     )
 
 

@@ -163,7 +163,8 @@ MAX_PROFILE_ROWS = 1_000_000
 @dataclass(frozen=True, slots=True)
 class ProfileStepModel:
     """Step time from a measured profile (e.g. a vLLM log's steps): a CSV of
-    prefill_tokens, decode_seqs, kv_tokens_read and step_ms, fitted by least squares to
+    prefill_tokens, decode_seqs, kv_tokens_read and step_ms, fitted by least squares in
+    relative error (steps span 10 ms decodes to 500 ms prefills) to
     step_ms = base + per prefill token + per decode sequence + per KV token read, each
     term at least 0 (a term the data would make negative is dropped and the rest
     refitted). Measured steps are scattered, not a grid, so they are fitted, not
@@ -225,7 +226,7 @@ class ProfileStepModel:
         if not ((prefill > 0).any() and (decode > 0).any()):
             raise invalid("--step-profile", path, "steps with prefill tokens and steps with "
                           "decode sequences", "record both kinds of step")
-        return cls.fit(prefill, decode, kv, ms, source=path)
+        return cls.fit(prefill, decode, kv, ms, source=path, relative=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,34 @@ class Profile:
                                "per_kv_token_ms": m.per_kv_token_ms,
                                "fit_max_abs_error_pct": m.max_abs_error_pct}}
 
+    def scenario_toml(self, limits: ServerLimits, endpoint: str, *, rate: float,
+                      prompt_tokens: float, output_tokens: float) -> str:
+        """A scenario `servelab llm simulate --scenario` runs: this profile (steps.csv
+        beside it), the server's limits and the load's mean lengths."""
+        blocks = limits.scheduler().num_blocks
+        return f"""# Fitted by `servelab llm validate` against {endpoint} ({limits.rule} rule).
+# Step times come from steps.csv (fitted as validate fitted them) and the KV pool from
+# num_gpu_blocks_override; [llm] model and the GPU only name the deployment. Not in
+# llm simulate's figures: the {self.overhead_ms:.2f} ms a request spends outside the
+# steps (validate adds it to TTFT and E2EL).
+name = "fitted"
+description = "llm validate's fit of {endpoint}"
+
+[llm]
+step_profile_csv = "steps.csv"
+num_gpu_blocks_override = {blocks}
+block_size = 16
+context_tokens = {limits.ctx_per_slot}
+max_num_seqs = {limits.slots}
+max_num_batched_tokens = {limits.max_num_batched_tokens}
+enable_chunked_prefill = true
+enable_prefix_caching = false
+request_rate = {rate:.6g}
+num_requests = 1000
+prompt_tokens = {prompt_tokens:.6g}
+output_tokens = {output_tokens:.6g}
+"""
+
     def csv(self) -> str:
         """The rows as `llm simulate --step-profile` reads them."""
         lines = ["prefill_tokens,decode_seqs,kv_tokens_read,step_ms"]
@@ -178,7 +206,17 @@ class LlmValidationReport:
     input_tokens: int
     output_tokens: int
     tokens_per_word: float
+    mean_prompt_tokens: float  # as the server counted them
+    mean_output_tokens: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def fitted_scenario(self) -> str:
+        """The scenario TOML `llm simulate` runs (steps.csv beside it), at the middle
+        load step's rate."""
+        rate = self.rates[len(self.rates) // 2].offered_per_s if self.rates else 1.0
+        return self.profile.scenario_toml(self.limits, self.endpoint, rate=rate,
+                                          prompt_tokens=self.mean_prompt_tokens,
+                                          output_tokens=self.mean_output_tokens)
 
     @property
     def verdict(self) -> str:
@@ -197,6 +235,8 @@ class LlmValidationReport:
                 "rates": [r.to_dict() for r in self.rates],
                 "workload": {"input_tokens": self.input_tokens,
                              "output_tokens": self.output_tokens,
+                             "mean_prompt_tokens": self.mean_prompt_tokens,
+                             "mean_output_tokens": self.mean_output_tokens,
                              "tokens_per_word": self.tokens_per_word},
                 "verdict": self.verdict, "notes": list(self.notes)}
 
@@ -362,6 +402,8 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                              LoadPlan(max_concurrency=conc), seed=seed, timeout_s=600,
                              ignore_eos=True)
         sat_measured = compute(rec).request_throughput
+        mean_in = float(rec.prompt_tokens[rec.ok].mean()) if rec.ok.any() else input_len
+        mean_out = float(rec.output_tokens[rec.ok].mean()) if rec.ok.any() else output_len
         sim = simulate_same(rec, limits, profile, max_concurrency=conc)
         sat_pred = int(rec.ok.sum()) / max(sim.end_s, 1e-9)
         saturation = Compared("saturation (req/s)", sat_pred, sat_measured,
@@ -386,7 +428,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                 + ", ".join(f"{f.name} {f.error_pct:+.1f}%" for f in figures
                             if "p50" in f.name))
     return LlmValidationReport(ep.base + ep.path, ep.model, limits, profile, saturation,
-                               tuple(rates), input_len, output_len, tpw)
+                               tuple(rates), input_len, output_len, tpw, mean_in, mean_out)
 
 
 def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float | None,

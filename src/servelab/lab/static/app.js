@@ -633,13 +633,49 @@ async function driftInit() {
 }
 
 // -- LLM serving --------------------------------------------------------------------------
-const LLM = { inFlight: false, dirty: false };
+const LLM = { inFlight: false, dirty: false, fitted: null, measured: null };
 const LLM_SLIDERS = ["tp", "replicas", "rate", "prompt_tokens", "output_tokens", "max_num_seqs", "max_num_batched_tokens"];
 
 function llmQuery() {
   const q = { model: $("#llm-model").value, gpu: $("#llm-gpu").value, kv_dtype: $("#llm-kv_dtype").value };
   for (const id of LLM_SLIDERS) q[id] = Number($(`#llm-${id}`).value);
+  if (LLM.fitted) q.fitted = LLM.fitted;
   return q;
+}
+
+// An LLM validation report (servelab llm validate --out DIR, DIR/validation.json), read in
+// the page: the server's fitted step model and limits drive the section's simulator (the
+// server computes every figure), and its measured p99s are drawn over the rate chart.
+function readLlmValidation(text) {
+  const fail = (why) => new Error(`LLM validation file: ${why}; fix: load the validation.json that servelab llm validate --out wrote`);
+  let r;
+  try { r = JSON.parse(text); } catch { throw fail("not JSON"); }
+  const num = (x) => (typeof x === "number" && Number.isFinite(x) ? x : null);
+  const sm = r && r.profile && r.profile.step_model;
+  const lim = r && r.limits;
+  if (!sm || !lim || !Array.isArray(r.rates) || !r.rates.length) throw fail("no profile, limits and rates");
+  const terms = ["base_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms"];
+  if (!terms.every((k) => num(sm[k]) !== null) || num(lim.slots) === null || num(lim.ctx_per_slot) === null) throw fail("a step model or limit is missing");
+  const figure = (rate, name) => { const f = (rate.figures || []).find((g) => g && g.name === name); return f ? num(f.measured) : null; };
+  const w = r.workload || {};
+  return {
+    fit: { ...Object.fromEntries(terms.map((k) => [k, sm[k]])), overhead_ms: num(r.profile.overhead_ms) || 0,
+      num_blocks: Math.ceil(lim.slots * Math.ceil(lim.ctx_per_slot / 16)), label: String(r.endpoint || "").slice(0, 200) },
+    slots: lim.slots, batched: num(lim.max_num_batched_tokens) || 2048,
+    prompt: num(w.mean_prompt_tokens) || num(w.input_tokens) || 512, output: num(w.mean_output_tokens) || num(w.output_tokens) || 256,
+    rate: r.rates.map((x) => num(x.offered_per_s)),
+    ttft: r.rates.map((x) => figure(x, "TTFT p99 (ms)")),
+    tpot: r.rates.map((x) => figure(x, "TPOT p99 (ms)")),
+    label: `${String(r.model || "model").slice(0, 60)}: ${String(r.verdict || "").slice(0, 60)}`,
+  };
+}
+
+function setSlider(id, value) {
+  const el = $(`#llm-${id}`);
+  const step = Number(el.step) || 1;
+  const v = Math.min(Number(el.max), Math.max(Number(el.min), Math.round(value / step) * step));
+  el.value = String(v);
+  $(`#llm-${id}-v`).textContent = el.value;
 }
 
 async function llmRefresh() {
@@ -658,9 +694,14 @@ async function llmRefresh() {
     $("#out-llm-cost").textContent = `${d.gpus} · ${cost == null ? "n/a" : "$" + cost.toFixed(2)}`;
     $("#out-llm-notes").textContent = d.notes.slice(1).join("; ");
     const sw = d.sweep;
+    const m = LLM.measured;
     plot("chart-llm-rate", [
       { name: "TTFT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.ttft_p99_ms), mode: "lines+markers" },
       { name: "TPOT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.tpot_p99_ms), yaxis: "y2", mode: "lines+markers" },
+      ...(m ? [
+        { name: "validate: measured TTFT p99", x: m.rate, y: m.ttft, mode: "markers", marker: { symbol: "x", size: 10, color: "#222" } },
+        { name: "validate: measured TPOT p99", x: m.rate, y: m.tpot, yaxis: "y2", mode: "markers", marker: { symbol: "circle-open", size: 10, color: "#222" } },
+      ] : []),
     ], { ...LAYOUT, xaxis: { title: { text: "requests/s" } }, yaxis: { title: { text: "TTFT p99 (ms)" }, rangemode: "tozero" },
       yaxis2: { title: { text: "TPOT p99 (ms)" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
     const kv = d.kv_usage;
@@ -681,8 +722,31 @@ function llmInit() {
   const fill = (id, options, value) => {
     $(id).replaceChildren(...options.map((o) => { const e = document.createElement("option"); e.value = o; e.textContent = o; return e; }));
     $(id).value = value;
-    $(id).addEventListener("change", llmRefresh);
+    $(id).addEventListener("change", () => {  // another model or GPU: its roofline, not the fit
+      LLM.fitted = null; LLM.measured = null; $("#out-llm-validation").textContent = "";
+      llmRefresh();
+    });
   };
+  $("#btn-llm-validation").addEventListener("click", () => $("#file-llm-validation").click());
+  $("#file-llm-validation").addEventListener("change", async (e) => {
+    const file = e.target.files[0];
+    if (!file) return;
+    e.target.value = "";
+    try {
+      if (file.size > 4 * 1024 * 1024) throw new Error("LLM validation file: over 4 MiB; fix: load the validation.json that servelab llm validate --out wrote");
+      const v = readLlmValidation(await file.text());
+      LLM.fitted = v.fit;
+      LLM.measured = v;
+      setSlider("tp", 1); setSlider("replicas", 1);
+      setSlider("max_num_seqs", v.slots); setSlider("max_num_batched_tokens", v.batched);
+      setSlider("prompt_tokens", v.prompt); setSlider("output_tokens", v.output);
+      const mid = v.rate[Math.floor(v.rate.length / 2)];
+      if (mid) setSlider("rate", mid);
+      $("#out-llm-validation").textContent = ` fitted: ${v.label}`;
+      clearError();
+      llmRefresh();
+    } catch (err) { showError(err.message); }
+  });
   fill("#llm-model", META.models, "llama-3.1-8b");
   fill("#llm-gpu", META.gpus, "H100-SXM");
   fill("#llm-kv_dtype", META.kv_dtypes, "auto");
