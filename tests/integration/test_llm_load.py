@@ -220,6 +220,8 @@ def test_validate_against_a_real_llama_server(llama_pinned: str, tmp_path: Path)
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "validation.json").read_text())
     assert (out / "steps.csv").read_text().startswith("prefill_tokens,decode_seqs")
+    assert "TTFT p50 (ms)" in (out / "validation.html").read_text()
+    assert (out / "plotly.min.js").exists()  # opens offline
     assert report["limits"]["slots"] == 4
     assert report["limits"]["ctx_per_slot"] == 1024
     sat = report["saturation"]

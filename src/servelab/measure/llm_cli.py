@@ -223,8 +223,9 @@ def validate(
                       ] = "0.3,0.6,0.85",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
     out: Annotated[Path | None, typer.Option(
-        help="Folder for validation.json, steps.csv (the profile) and scenario.toml "
-             "(the fit, which `llm simulate --scenario` runs).")] = None,
+        help="Folder for validation.json, validation.html (opens offline), steps.csv (the "
+             "profile) and scenario.toml (the fit, which `llm simulate --scenario` runs).")
+                               ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
 ) -> None:
     """Profile an LLM server, fit the simulator's step model and the server's scheduling
@@ -259,6 +260,9 @@ def validate(
         (out / "validation.json").write_text(json.dumps(report.to_dict(), indent=1))
         (out / "steps.csv").write_text(report.profile.csv())
         (out / "scenario.toml").write_text(report.fitted_scenario())
+        from servelab.measure.llm_validate import write_html
+
+        write_html(report, out / "validation.html")
     if as_json:
         print(json.dumps(report.to_dict(), allow_nan=False))
         return

@@ -445,3 +445,33 @@ def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float 
         if abs(err) <= 10 and not tpot.ok:
             notes.append("step model: the steps agree but TPOT misses; the step times are off")
     return tuple(notes)
+
+
+HTML_FIGURES = ("TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)", "TPOT p99 (ms)",
+                "E2EL p50 (ms)", "throughput (req/s)")
+
+
+def write_html(report: LlmValidationReport, path: Any) -> None:
+    """Predicted and measured against the offered rate, one chart per figure, the
+    saturation in the title; plotly.js is written beside the page, so it opens offline."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    x = [r.offered_per_s for r in report.rates]
+    fig = make_subplots(rows=3, cols=2, subplot_titles=HTML_FIGURES)
+    for i, name in enumerate(HTML_FIGURES):
+        row, col = i // 2 + 1, i % 2 + 1
+        figs = [next(f for f in r.figures if f.name == name) for r in report.rates]
+        for side, style in (("measured", {"mode": "lines+markers", "line": {"color": "#222"}}),
+                            ("predicted", {"mode": "lines+markers",
+                                           "line": {"color": "#1f77b4", "dash": "dash"}})):
+            fig.add_trace(go.Scatter(x=x, y=[getattr(f, side) for f in figs], name=side,
+                                     showlegend=i == 0, legendgroup=side, **style),
+                          row=row, col=col)
+        fig.update_xaxes(title_text="offered rate (requests/s)", row=row, col=col)
+        fig.update_yaxes(title_text=name, rangemode="tozero", row=row, col=col)
+    s = report.saturation
+    fig.update_layout(title=f"servelab llm validate: {report.model} at {report.endpoint}: "
+                            f"{report.verdict}; saturation {s.predicted:.2f} predicted, "
+                            f"{s.measured:.2f} measured req/s", height=1000)
+    fig.write_html(str(path), include_plotlyjs="directory", full_html=True)
