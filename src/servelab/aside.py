@@ -1,9 +1,9 @@
 """Two threads for work beside a run: arrivals drawn ahead of the engine, a Report's
-percentiles on the second core. Compiled code and NumPy release the GIL, so on this
-2-core machine such work runs beside the calling thread's.
+percentiles on the second core. Compiled code and NumPy release the GIL, so on a
+machine with two or more cores such work runs beside the calling thread's.
 
-Started once: starting a thread costs about 0.4 ms here (measured), 5% of the seed's
-200,000-request run. Two, for runs on two threads at once (the lab's). Daemon threads,
+Started once: starting a thread costs a noticeable share of a short run (the figure is
+in docs/performance.md). Two, for runs on two threads at once (the lab's). Daemon threads,
 so a command's quick exit (``cli._leave`` joins every other thread) does not wait on
 them; a job only runs while its caller waits for it.
 """

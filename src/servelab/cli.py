@@ -32,6 +32,10 @@ from servelab.seed import seed_comparison, seed_rows_dict
 
 app = typer.Typer(
     help="servelab: plan, simulate and measure ML and LLM inference serving.",
+    epilog="Docs, one page per part, in the source tree's docs/: scenario.md (every "
+           "scenario field), simulator.md, llm.md, llm-measure.md (llm load, llm validate), "
+           "gateway.md, load-and-validate.md, features.md, drift.md, lab.md, safety.md, "
+           "performance.md.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -676,10 +680,10 @@ def _load_compiled_code() -> None:
     """Load the simulator's compiled code on a thread of its own while the command line is
     parsed and the scenario read: a run of 1,000 requests of the seed calls each of its
     compiled functions once, with the types a run of the user's scenario gives them (a
-    scenario that takes other paths loads those when it gets there). From Numba's cache
-    the first function takes 0.12 s here (LLVM starting, outside the GIL) and the others
-    4-13 ms each; a thread that reaches one while it loads waits for it (Numba's own lock).
-    Any error is left for the command's own run to meet."""
+    scenario that takes other paths loads those when it gets there). Loading from Numba's
+    cache starts LLVM (outside the GIL) and then each function; a thread that reaches one
+    while it loads waits for it (Numba's own lock). Any error is left for the command's
+    own run to meet. The time saved is in docs/performance.md."""
     import threading
 
     def load() -> None:
@@ -693,9 +697,8 @@ def _load_compiled_code() -> None:
 
 def _leave(code: object) -> None:
     """Exit without the interpreter's teardown of its modules, which, once Numba's compiled
-    code is loaded, takes 0.1-0.2 s on this 2-core machine (measured: `servelab plan
-    --scenario seed` 0.85 s wall with it, 0.68 s without), longer than some commands' own
-    work. What an orderly exit does that matters is done first: non-daemon threads are
+    code is loaded, takes longer than some commands' own work (docs/performance.md has
+    the figures). What an orderly exit does that matters is done first: non-daemon threads are
     joined, exit handlers run (multiprocessing joins its children, Spark stops its JVM),
     and the standard streams are flushed."""
     import atexit

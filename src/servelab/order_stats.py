@@ -1,8 +1,8 @@
 """Percentiles of int64 nanoseconds by radix selection, compiled with Numba.
 
 A Report takes four percentiles and the mean of three arrays of up to millions
-of latencies. ``np.percentile`` partitions each array (introselect, about 11 ms
-a million values here); this finds the same order statistics in two linear
+of latencies. ``np.percentile`` partitions each array (introselect, several ms a
+million values); this finds the same order statistics in two linear
 passes, most often: the first takes the range and the sum and counts the values
 into 2**11 buckets spanning a small strided sample's range (a histogram that
 stays in L1 cache); each later pass counts, into up to 2**16 buckets, only the

@@ -37,14 +37,6 @@ class Stat:
         return cls(float(seconds.mean() * 1e3), *(float(x) for x in p))
 
     @classmethod
-    def of_ns(cls, ns: np.ndarray) -> Stat:
-        """The same from int64 nanoseconds, by radix selection (np.percentile's values)."""
-        if ns.size == 0:
-            return cls(*([float("nan")] * 5))
-        mean, p = percentiles_ns(ns, PERCENTILES)
-        return cls(mean / 1e6, *(x / 1e6 for x in p))
-
-    @classmethod
     def of_ns_weighted(cls, ns: np.ndarray, weights: np.ndarray) -> Stat:
         """The same of int64 nanoseconds each counted weights[i] times."""
         if int(weights.sum()) == 0:
@@ -268,7 +260,9 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
     # the last instant (Records.last_end_ns), without its passes where nothing timed out
     end = max(last_arrival, last_batch_end) if not counts["timed_out"] else r.last_end_ns()
     duration_s = end / 1e9 if end > 0 else float("nan")
-    offered = s.workload.qps if s.workload.trace_csv is None else (
+    # a recorded trace (a file or inline arrivals_s) offers its own rate; qps is unused then
+    traced = s.workload.trace_csv is not None or bool(s.workload.arrivals_s)
+    offered = s.workload.qps if not traced else (
         r.arrival_ns.size / span_s if span_s > 0 else float("nan"))
 
     histogram = {str(b): int(c) for b, c in enumerate(hist) if c}

@@ -299,11 +299,6 @@ class Scenario:
 # Validation: a small table per section, one rule per key.
 
 
-@dataclass(frozen=True, slots=True)
-class _Key:
-    convert: Callable[[str, Any], Any]
-
-
 def _num(lo: float | None = None, hi: float | None = None, *, strict_lo: bool = False,
          fix: str = "") -> Callable[[str, Any], float]:
     def conv(name: str, v: Any) -> float:

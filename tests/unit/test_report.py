@@ -145,3 +145,14 @@ def test_measured_latency_samples_reach_the_tail():
     assert net.p99_ms == pytest.approx(40.0)
     assert r.latency.p99_ms > 40.0
     assert s.latency.median_p99_ms("network") == (2.0, pytest.approx(21.38))
+
+
+def test_an_inline_trace_offers_its_own_rate_not_the_unused_qps():
+    """arrivals_s given inline: qps plays no part, so the report's offered rate is the
+    trace's own (as for a trace file), not the default qps."""
+    from servelab.api import load, run_simulate
+
+    s = load("seed", {"workload.arrival": "trace", "workload.qps": 12345.0,
+                      "workload.arrivals_s": [i * 0.01 for i in range(101)]})
+    offered = run_simulate(s).throughput.offered_qps
+    assert offered == pytest.approx(101 / 1.0)

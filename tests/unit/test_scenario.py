@@ -88,7 +88,7 @@ def test_gpu_names_are_forgiving_and_figures_overridable():
     assert spec.key == "H100-SXM"
     assert spec.hbm_bandwidth_tbps == 4.0
     assert spec.price_per_gpu_hour_usd == 1.5
-    assert spec.source_of("hbm_bandwidth_tbps").source == "scenario override"
+    assert dict(spec.sources)["hbm_bandwidth_tbps"].source == "scenario override"
 
 
 def test_overrides_are_validated_like_the_file():

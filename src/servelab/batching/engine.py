@@ -132,7 +132,7 @@ def huge_block(nbytes: int) -> np.ndarray:
     from the first boundary inside them, so a block that starts there is huge pages
     throughout. The spare room is never touched, so it costs address space; a block under
     2 MiB still takes a whole huge page of memory (at most 1.5 MiB more than it needs),
-    which a 200,000-request run repays with 3 ms less of page faults here."""
+    which a run of a few hundred thousand requests repays in fewer page faults."""
     if nbytes < _HUGE_PAGE // 4:
         return np.empty(nbytes, np.uint8)
     raw = np.empty(max(nbytes, _HUGE_PAGE) + _HUGE_PAGE, np.uint8)  # 4 MiB+: NumPy advises

@@ -75,9 +75,6 @@ class GpuSpec:
             return self.fp8_dense_tflops * 1e12
         return self.bf16_dense_tflops * 1e12
 
-    def source_of(self, figure: str) -> Sourced | None:
-        return dict(self.sources).get(figure)
-
 
 @cache
 def _raw() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from servelab.llm.serving import ProfileStepModel, Workload, serve_llm
 RUN_REQUESTS = 2_000
 SWEEP_REQUESTS = 400
 # Bounded work a move: requests are fewer when they are long (prompt + output tokens
-# simulated at about 1M a second here), so no page can take the server for long.
+# simulated at about 1M a second, bench/bench_llm.py), so no page can take the server for long.
 RUN_TOKENS = 1_000_000
 SWEEP_TOKENS = 200_000
 MIN_REQUESTS = 50

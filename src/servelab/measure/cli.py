@@ -223,7 +223,7 @@ def validate(
         help="The server, e.g. http://127.0.0.1:8000 (or --serve).")] = None,
     serve: Annotated[str | None, typer.Option(
         help="Start servelab's own gateway for the run: PATH.onnx, or 'demo' for a built-in "
-             "MLP (3 x 2048 hidden, about 1.4 ms a batch of 1 here).")] = None,
+             "MLP (3 x 2048 hidden).")] = None,
     rates: Annotated[str | None, typer.Option(
         help="Rates to measure: 200,500,800 or START:STOP:STEPS (default: 20%, 50% and "
              "80% of the measured open-loop saturation).")] = None,

@@ -16,7 +16,7 @@ simulator's prediction against measurement at several rates.
      server is its time outside (client, HTTP, parsing). Pairing each request with its
      own simulated queue keeps the queueing spread inside, where the simulator puts it
      again (subtracting the server's *mean* time put it outside as well, and clipping
-     the negative differences raised the mean: 0.83 vs 0.69 ms measured here). The
+     the negative differences raised the mean; docs/load-and-validate.md). The
      samples are then shifted so their mean is the measured end-to-end mean less the
      server's measured mean queue + compute over the same requests (its statistics),
      and kept as samples so the measured tail reaches the prediction;
