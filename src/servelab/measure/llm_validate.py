@@ -11,6 +11,8 @@ simulator's step model to it, load it, and set the prediction beside the measure
    - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
      median gap between chunks in the middle of their streams is a step of c decodes
      reading their KV;
+   - mixed: a prompt joining running decodes, the longest gap in a running stream (the
+     steps a load makes; prefill alone put their fixed cost 12-20 ms short);
    - fit: `ProfileStepModel` (step_ms = base + per prefill token + per decode sequence
      + per KV token read, each ≥ 0) by least squares in relative error over those rows
      (10 ms decode steps beside 500 ms prefills: in plain ms the prefills set the
@@ -65,6 +67,10 @@ PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-ba
 DECODE_PROMPTS = (32, 448)  # two contexts, so KV read and sequences can be told apart
 DECODE_TOKENS = 48
 SKIP_GAPS = 8  # a decode stream's first gaps, shared with other requests' prefills
+MIXED_PROMPTS = (64, 192)  # prompts joining running decodes: the steps a load mixes
+DECODE_PROMPT_MIXED = 32
+MIXED_TOKENS = 160  # long enough to be running when the prompt joins and after
+MIXED_DELAY_S = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,11 +338,44 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
             rows_ms.append(gap)
     say(f"profile: decode with {', '.join(map(str, levels))} sequences at once, after "
         f"{' and '.join(map(str, DECODE_PROMPTS))}-token prompts")
+    for prompt_len in MIXED_PROMPTS:
+        for c in sorted({1, max(1, limits.slots - 1)}):
+            row = await _mixed_step(session, ep, prompt_len, c, tpw, index)
+            index += c + 1
+            rows_p.append(row[0])
+            rows_d.append(c)
+            rows_k.append(row[1])
+            rows_ms.append(row[2])
+    say(f"profile: a prompt of {' and '.join(map(str, MIXED_PROMPTS))} tokens joining "
+        "running decodes")
     model = ProfileStepModel.fit(np.array(rows_p, float), np.array(rows_d, float),
                                  np.array(rows_k), np.array(rows_ms), source="llm validate",
                                  relative=True)
     return Profile(tuple(rows_p), tuple(rows_d), tuple(rows_k), tuple(rows_ms),
                    max(0.0, float(np.median(overheads))), model, timed)
+
+
+async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: int, c: int,
+                      tpw: float, index: int) -> tuple[int, float, float]:
+    """c decode streams running, then a prompt joins them: the step that holds both is
+    the longest gap in the first stream. (prefill tokens, KV read, its ms)."""
+    streams = random_requests(c, input_len=DECODE_PROMPT_MIXED, output_len=MIXED_TOKENS,
+                              tokens_per_word=tpw, first_index=index)
+    joiner = random_requests(1, input_len=prompt_len, output_len=2, tokens_per_word=tpw,
+                             first_index=index + c)
+    running = asyncio.ensure_future(run_step(session, ep, streams, LoadPlan(rate=math.inf),
+                                             seed=0, timeout_s=600, ignore_eos=True))
+    await asyncio.sleep(MIXED_DELAY_S)
+    joined = await run_step(session, ep, joiner, LoadPlan(rate=math.inf), seed=0,
+                            timeout_s=600, ignore_eos=True)
+    rec = await running
+    failed = [e for e in (*rec.errors, *joined.errors) if e]
+    if failed:
+        raise StoreError(f"profile: a mixed-step request failed ({failed[0]})")
+    gaps = np.diff(rec.chunk_ns[0])
+    k = int(np.argmax(gaps))
+    context = float(np.mean(rec.prompt_tokens)) + k + 1
+    return int(joined.prompt_tokens[0]), c * context, float(gaps[k]) / 1e6
 
 
 def simulate_same(rec: RunRecords, limits: ServerLimits, profile: Profile,
