@@ -1,7 +1,15 @@
 """servelab: plan, simulate and measure ML and LLM inference serving."""
 
 from servelab import drift
-from servelab.api import load, run_plan, run_simulate, run_sweep
+from servelab.api import (
+    load,
+    run_llm_load,
+    run_llm_validation,
+    run_load,
+    run_plan,
+    run_simulate,
+    run_sweep,
+)
 from servelab.errors import ConfigError, InputError, ServelabError, StoreError
 from servelab.scenario import Scenario, load_scenario, scenario_from_dict, scenario_to_toml
 
@@ -16,6 +24,9 @@ __all__ = [
     "drift",
     "load",
     "load_scenario",
+    "run_llm_load",
+    "run_llm_validation",
+    "run_load",
     "run_plan",
     "run_simulate",
     "run_sweep",

@@ -96,3 +96,30 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     """A figure that does not exist (p50 of no served request) is None, as in the Report."""
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v
             for k, v in row.items()}
+
+
+# -- measuring real servers (imported on first use: they pull in HTTP clients) ----------
+
+
+def run_load(url: str, model: str, spec: Any, **options: Any) -> Any:
+    """Load a v2 server (`measure.load.run_load`): a typed `LoadReport`. `spec` is a
+    `servelab.measure.load.LoadSpec`."""
+    from servelab.measure.load import run_load as run
+
+    return run(url, model, spec, **options)
+
+
+def run_llm_load(endpoint: Any, make_requests: Any, plans: Any, **options: Any) -> Any:
+    """Load an OpenAI-compatible LLM server (`measure.llm_load.run_load`): a typed
+    `LlmLoadReport`. Async: await it, or asyncio.run it."""
+    from servelab.measure.llm_load import run_load as run
+
+    return run(endpoint, make_requests, plans, **options)
+
+
+def run_llm_validation(endpoint: Any, **options: Any) -> Any:
+    """Profile, fit and validate an LLM server (`measure.llm_validate.run_validation`): a
+    typed `LlmValidationReport`. Async: await it, or asyncio.run it."""
+    from servelab.measure.llm_validate import run_validation
+
+    return run_validation(endpoint, **options)

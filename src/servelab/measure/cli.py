@@ -56,114 +56,95 @@ def load(
     """Open-loop Poisson load at each rate: latency from intended send times, errors by
     reason, and the server's own mean batch, queue and compute time."""
     from servelab.files import check_writable_target
-    from servelab.measure.load import (
-        PA_COLUMNS,
-        entity_bodies,
-        measure_rate,
-        metadata,
-        parse_url,
-        perf_analyzer_row,
-        random_bodies,
-    )
+    from servelab.measure.load import LoadSpec, run_load
 
-    if arrival not in ("poisson", "constant", "trace"):
-        raise invalid("--arrival", arrival, "poisson, constant or trace",
-                      "use --arrival poisson")
-    if (arrival == "trace") != (trace is not None):
-        raise invalid("--arrival trace/--trace", (arrival, trace), "both or neither",
-                      "give --arrival trace --trace arrivals.csv")
-    trace_s = None
-    if trace is not None:
-        from servelab.batching.arrivals import load_trace
-
-        trace_s = load_trace(trace, "--trace") / 1e9
-        if trace_s.size > 2_000_000 or trace_s[-1] > 3600:
-            raise invalid("--trace", str(trace), "at most 2,000,000 arrivals within 3,600 s",
-                          "cut the trace")
-        if qps is None and rates is None and concurrency is None:
-            qps = trace_s.size / max(float(trace_s[-1]), 1e-9)
+    trace_s = _trace_seconds(trace)
+    if trace_s is not None and qps is None and rates is None and concurrency is None:
+        qps = trace_s.size / max(float(trace_s[-1]), 1e-9)  # the trace's own rate
     if sum(x is not None for x in (qps, rates, concurrency)) != 1:
         raise invalid("--qps/--rates/--concurrency", (qps, rates, concurrency),
                       "exactly one of them", "give --qps 500, --rates 100,200,400 or "
                       "--concurrency 1,2,4")
-    clients: list[int] | None = None
-    if concurrency is not None:
-        try:
-            clients = [int(x) for x in concurrency.split(",") if x.strip()]
-        except ValueError:
-            raise invalid("--concurrency", concurrency, "comma-separated whole numbers",
-                          "e.g. --concurrency 1,2,4") from None
-        if not clients or len(clients) > MAX_RATES or not all(1 <= c <= 1024 for c in clients):
-            raise invalid("--concurrency", concurrency, f"1 to {MAX_RATES} counts from 1 to "
-                          "1024", "e.g. --concurrency 1,2,4")
-        grid = [0.0] * len(clients)
-    else:
-        grid = [qps] if qps is not None else parse_rates(str(rates))
-        if not grid or len(grid) > MAX_RATES or not all(0 < r <= 1e6 for r in grid):
-            raise invalid("--rates" if rates else "--qps", rates or qps,
-                          f"1 to {MAX_RATES} rates from above 0 to 1e6 per second",
-                          "e.g. --rates 100,200,400")
-    if not 0 < duration <= 3600:
-        raise invalid("--duration", duration, "seconds from above 0 to 3600", "e.g. 10")
-    if num_requests is not None and not 1 <= num_requests <= 2_000_000:
-        raise invalid("--num-requests", num_requests, "1 to 2,000,000", "e.g. 5000")
-    if not 1 <= connections <= 10_000:
-        raise invalid("--connections", connections, "1 to 10,000", "e.g. 256")
+    if qps is not None and not 0 < qps <= 1e6:
+        raise invalid("--qps", qps, "a rate from above 0 to 1e6 per second", "e.g. --qps 500")
+    spec = LoadSpec(rates=tuple([qps] if qps is not None else parse_rates(rates)
+                                if rates is not None else []),
+                    concurrency=tuple(_counts(concurrency)), trace_s=trace_s,
+                    arrival=arrival, duration_s=duration, num_requests=num_requests,
+                    connections=connections)
     if csv_path is not None:
         check_writable_target(csv_path, "--csv")
-    target = parse_url(url, model)
-    meta = metadata(target)
-    bodies: list[bytes | tuple[bytes, int]] = (
-        list(entity_bodies(meta, str(entities), 4096)) if entities is not None
-        else random_bodies(meta, 256, seed, binary=binary))
-    rows: list[dict[str, Any]] = []
-    for k, rate in enumerate(grid):
-        c = clients[k] if clients is not None else None
-        if c is not None and num_requests is None:
-            raise invalid("--num-requests", None, "a count with --concurrency",
-                          "e.g. --concurrency 4 --num-requests 2000")
-        offsets = None
-        if trace_s is not None:
-            offsets = trace_s[:num_requests] if num_requests else trace_s
-        n = offsets.size if offsets is not None else (num_requests or max(1, int(rate * duration)))
-        if n > 2_000_000:
-            raise invalid("--duration", duration, f"a run of at most 2,000,000 requests "
-                          f"({n:,} at {rate:g}/s)", "shorten --duration")
-        what = f"{c} clients" if c else ("the trace" if trace_s is not None else f"{rate:g}/s")
-        stderr.print(f"load: {what}, {n:,} requests...", highlight=False)
-        with progress_bar(n) as counter:
-            row = measure_rate(target, bodies, rate, n, seed, connections, arrival, c,
-                               offsets=offsets, counter=counter)
-        if row["behind_p99_ms"] > 1.0:
-            stderr.print(f"warning: the client fell behind at {rate:g}/s (p99 "
-                         f"{row['behind_p99_ms']:.1f} ms late); latencies still count from "
-                         "the intended send times", highlight=False)
-        rows.append(row)
+    report = run_load(url, model, spec, entities=None if entities is None else str(entities),
+                      binary=binary, seed=seed, each_step=_step_bar, on_step=_warn_behind)
     if csv_path is not None:
-        with csv_path.open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(PA_COLUMNS)
-            for r in rows:
-                w.writerow(perf_analyzer_row(r))
+        _write_perf_analyzer_csv(csv_path, report)
     if as_json:
-        sys.stdout.write(json.dumps(rows, indent=2, default=float) + "\n")
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=float) + "\n")
         return
-    t = Table(title=f"servelab load: {model} at {target.base}", title_justify="left")
-    cols = ["clients" if clients else "offered/s", "achieved/s", "errors", "batch", "p50 ms",
+    _print_load(report, closed=bool(spec.concurrency))
+
+
+def _trace_seconds(trace: Path | None) -> Any:
+    if trace is None:
+        return None
+    from servelab.batching.arrivals import load_trace
+
+    return load_trace(trace, "--trace") / 1e9
+
+
+def _counts(text: str | None) -> list[int]:
+    if text is None:
+        return []
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise invalid("--concurrency", text, "comma-separated whole numbers",
+                      "e.g. --concurrency 1,2,4") from None
+
+
+@contextlib.contextmanager
+def _step_bar(what: str, n: int) -> Iterator[list[int]]:
+    stderr.print(f"load: {what}, {n:,} requests...", highlight=False)
+    with progress_bar(n) as counter:
+        yield counter
+
+
+def _warn_behind(step: Any) -> None:
+    if step.behind_p99_ms > 1.0:
+        stderr.print(f"warning: the client fell behind at {step.offered_per_s:g}/s (p99 "
+                     f"{step.behind_p99_ms:.1f} ms late); latencies still count from the "
+                     "intended send times", highlight=False)
+
+
+def _write_perf_analyzer_csv(path: Path, report: Any) -> None:
+    from servelab.measure.load import PA_COLUMNS, perf_analyzer_row
+
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(PA_COLUMNS)
+        for step in report.steps:
+            w.writerow(perf_analyzer_row(step.to_dict()))
+
+
+def _print_load(report: Any, *, closed: bool) -> None:
+    t = Table(title=f"servelab load: {report.model} at {report.base_url}",
+              title_justify="left")
+    cols = ["clients" if closed else "offered/s", "achieved/s", "errors", "batch", "p50 ms",
             "p90 ms", "p99 ms", "mean ms", "queue ms", "compute ms"]
     for col in cols:
         t.add_column(col, justify="right")
-    for r in rows:
-        first = str(r["concurrency"]) if clients else f"{r['offered_per_s']:g}"
-        t.add_row(first, f"{r['achieved_per_s']:.1f}", str(r["errors"]),
-                  f"{r.get('mean_batch', float('nan')):.2f}", f"{r['p50_ms']:.2f}",
-                  f"{r['p90_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['mean_ms']:.2f}",
-                  f"{r.get('server_queue_ms', float('nan')):.3f}",
-                  f"{r.get('server_compute_ms', float('nan')):.3f}")
+    nan = float("nan")
+    for r in report.steps:
+        first = str(r.concurrency) if closed else f"{r.offered_per_s:g}"
+        t.add_row(first, f"{r.achieved_per_s:.1f}", str(r.errors),
+                  f"{r.server.get('mean_batch', nan):.2f}", f"{r.p50_ms:.2f}",
+                  f"{r.p90_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.mean_ms:.2f}",
+                  f"{r.server.get('server_queue_ms', nan):.3f}",
+                  f"{r.server.get('server_compute_ms', nan):.3f}")
     stdout.print(t)
-    for r in rows:
-        if r["errors_by_reason"]:
-            stdout.print(f"errors at {r['offered_per_s']:g}/s: {r['errors_by_reason']}",
+    for r in report.steps:
+        if r.errors_by_reason:
+            stdout.print(f"errors at {r.offered_per_s:g}/s: {r.errors_by_reason}",
                          highlight=False)
 
 

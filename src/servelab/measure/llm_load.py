@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ import numpy as np
 from servelab.errors import StoreError, invalid
 from servelab.measure.llm_metrics import RunRecords, ServeMetrics, compute
 from servelab.measure.llm_workload import MAX_PROMPTS, LlmRequest
-from servelab.measure.loadgen import paused_gc
+from servelab.measure.loadgen import paused_gc, send_on_schedule
 from servelab.measure.openai_stream import (
     MAX_LINE_BYTES,
     StreamTiming,
@@ -308,35 +306,9 @@ async def run_step(session: aiohttp.ClientSession, ep: Endpoint, requests: list[
         if counter is not None:
             counter[0] += 1
 
-    loop = asyncio.get_running_loop()
-    tasks: list[asyncio.Task[None]] = []
-    all_started = asyncio.Event()
-    stop = threading.Event()
-
-    def start(i: int) -> None:
-        tasks.append(asyncio.ensure_future(one(i)))
-        if len(tasks) == n:
-            all_started.set()
-
-    def sender() -> None:  # the OS's fine timer, not the event loop's 1 ms one
-        for i in range(n):
-            delay = (intended[i] - (time.monotonic_ns() - t0)) / 1e9
-            if delay > 0 and stop.wait(delay):
-                return
-            loop.call_soon_threadsafe(start, i)
-
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, 0.0002))
     with paused_gc():
         t0 = time.monotonic_ns()
-        thread = threading.Thread(target=sender, name="servelab-llm-sender", daemon=True)
-        thread.start()
-        try:
-            await all_started.wait()
-        finally:
-            stop.set()
-            sys.setswitchinterval(switch)
-        await asyncio.gather(*tasks)
+        await send_on_schedule(intended, t0, one)
     return RunRecords(
         intended_ns=eff_intended,
         sent_ns=np.array([o.sent_ns - t0 for o in outs], np.int64),

@@ -10,6 +10,7 @@ compute time per request come from the server itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
-from servelab.errors import InputError, StoreError, cut
+from servelab.errors import InputError, StoreError, cut, invalid
 from servelab.measure.loadgen import (
     LoadResult,
     constant_offsets,
@@ -239,3 +240,164 @@ def perf_analyzer_row(r: dict[str, Any]) -> list[str]:
             us("server_queue_ms"), us("compute_input_ms"), us("compute_infer_ms"),
             us("compute_output_ms"), "", us("p50_ms"), us("p90_ms"), us("p95_ms"),
             us("p99_ms"), us("mean_ms")]
+
+
+# ---------------------------------------------------------------- the typed run
+
+
+MAX_STEPS = 100
+MAX_RUN_REQUESTS = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class LoadStep:
+    """One rate (or client count) of a `load` run: the client's figures, how busy the
+    machine was, and the server's own statistics over the step when it has them."""
+
+    offered_per_s: float
+    concurrency: int | None
+    requests: int
+    ok: int
+    errors: int
+    achieved_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    behind_p99_ms: float
+    p50_growth: float
+    errors_by_reason: dict[str, int]
+    behind_requests: int
+    cpu: dict[str, float]  # client_cpu_cores, host_cpu_busy, host_cpu_steal
+    server: dict[str, float]  # mean_batch, server_queue_ms, server_compute_ms, compute_*_ms
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> LoadStep:
+        """From `measure_rate`'s row."""
+        cpu: dict[str, float] = {k: row[k] for k in (
+            "client_cpu_cores", "host_cpu_busy", "host_cpu_steal") if k in row}
+        server: dict[str, float] = {k: row[k] for k in SERVER_KEYS if k in row}
+        return cls(row["offered_per_s"], row["concurrency"], row["requests"], row["ok"],
+                   row["errors"], row["achieved_per_s"], row["mean_ms"], row["p50_ms"],
+                   row["p90_ms"], row["p95_ms"], row["p99_ms"], row["behind_p99_ms"],
+                   row["p50_growth"], dict(row["errors_by_reason"]), row["behind_requests"],
+                   cpu, server)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON keys (`servelab load --json`): the row `measure_rate` gives."""
+        return {"offered_per_s": self.offered_per_s, "concurrency": self.concurrency,
+                "requests": self.requests, "ok": self.ok, "errors": self.errors,
+                "achieved_per_s": self.achieved_per_s, "mean_ms": self.mean_ms,
+                "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p95_ms": self.p95_ms,
+                "p99_ms": self.p99_ms, "behind_p99_ms": self.behind_p99_ms,
+                "p50_growth": self.p50_growth, "errors_by_reason": dict(self.errors_by_reason),
+                "behind_requests": self.behind_requests, **self.cpu, **self.server}
+
+
+SERVER_KEYS = ("mean_batch", "server_queue_ms", "server_compute_ms", "compute_input_ms",
+               "compute_infer_ms", "compute_output_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """What a `load` run sends: one of `rates` (open loop), `concurrency` (closed loop) or a
+    recorded `trace_s`; each checked on construction, with the flag's name."""
+
+    rates: tuple[float, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    trace_s: np.ndarray | None = None
+    arrival: str = "poisson"
+    duration_s: float = 10.0
+    num_requests: int | None = None
+    connections: int = 256
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ("poisson", "constant", "trace"):
+            raise invalid("--arrival", self.arrival, "poisson, constant or trace",
+                          "use --arrival poisson")
+        if (self.arrival == "trace") != (self.trace_s is not None):
+            raise invalid("--arrival trace/--trace", self.arrival, "both or neither",
+                          "give --arrival trace --trace arrivals.csv")
+        if self.trace_s is not None and (self.trace_s.size > MAX_RUN_REQUESTS
+                                         or self.trace_s[-1] > 3600):
+            raise invalid("--trace", f"{self.trace_s.size:,} arrivals", "at most 2,000,000 "
+                          "arrivals within 3,600 s", "cut the trace")
+        if bool(self.rates) == bool(self.concurrency):
+            raise invalid("--qps/--rates/--concurrency", (self.rates, self.concurrency),
+                          "exactly one of them", "give --qps 500, --rates 100,200,400 or "
+                          "--concurrency 1,2,4")
+        if self.rates and (len(self.rates) > MAX_STEPS
+                           or not all(0 < r <= 1e6 for r in self.rates)):
+            raise invalid("--rates", self.rates, f"1 to {MAX_STEPS} rates from above 0 to "
+                          "1e6 per second", "e.g. --rates 100,200,400")
+        if self.concurrency and (len(self.concurrency) > MAX_STEPS
+                                 or not all(1 <= c <= 1024 for c in self.concurrency)):
+            raise invalid("--concurrency", self.concurrency, f"1 to {MAX_STEPS} counts from "
+                          "1 to 1024", "e.g. --concurrency 1,2,4")
+        if self.concurrency and self.num_requests is None:
+            raise invalid("--num-requests", None, "a count with --concurrency",
+                          "e.g. --concurrency 4 --num-requests 2000")
+        if not 0 < self.duration_s <= 3600:
+            raise invalid("--duration", self.duration_s, "seconds from above 0 to 3600",
+                          "e.g. 10")
+        if self.num_requests is not None and not 1 <= self.num_requests <= MAX_RUN_REQUESTS:
+            raise invalid("--num-requests", self.num_requests, "1 to 2,000,000", "e.g. 5000")
+        if not 1 <= self.connections <= 10_000:
+            raise invalid("--connections", self.connections, "1 to 10,000", "e.g. 256")
+
+    def steps(self) -> list[tuple[float, int | None, np.ndarray | None, int]]:
+        """(rate, clients, intended offsets or None, requests) for each step."""
+        out = []
+        for rate, c in zip(self.rates or [0.0] * len(self.concurrency),
+                           self.concurrency or [None] * len(self.rates), strict=True):
+            offsets = None
+            if self.trace_s is not None:
+                offsets = self.trace_s[:self.num_requests] if self.num_requests else self.trace_s
+            n = (offsets.size if offsets is not None
+                 else (self.num_requests or max(1, int(rate * self.duration_s))))
+            if n > MAX_RUN_REQUESTS:
+                raise invalid("--duration", self.duration_s, "a run of at most 2,000,000 "
+                              f"requests ({n:,} at {rate:g}/s)", "shorten --duration")
+            out.append((rate, c, offsets, n))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """A whole `load` run: where it went and each step."""
+
+    base_url: str
+    model: str
+    steps: tuple[LoadStep, ...]
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        """`servelab load --json`: one object per step."""
+        return [s.to_dict() for s in self.steps]
+
+
+def run_load(url: str, model: str, spec: LoadSpec, *, entities: str | None = None,
+             binary: bool = False, seed: int = 0,
+             each_step: Callable[[str, int], contextlib.AbstractContextManager[list[int]]]
+             | None = None,
+             on_step: Callable[[LoadStep], None] | None = None) -> LoadReport:
+    """Load a v2 server step by step as `spec` says. Each step runs inside
+    `each_step(what, n)`, whose counter the run increments per answer (a progress bar)."""
+    plan = spec.steps()  # every step's size checked before the server is touched
+    target = parse_url(url, model)
+    meta = metadata(target)
+    bodies: list[bytes | tuple[bytes, int]] = (
+        list(entity_bodies(meta, entities, 4096)) if entities is not None
+        else random_bodies(meta, 256, seed, binary=binary))
+    steps = []
+    for rate, c, offsets, n in plan:
+        what = f"{c} clients" if c else ("the trace" if offsets is not None else f"{rate:g}/s")
+        with (each_step(what, n) if each_step is not None
+              else contextlib.nullcontext([0])) as counter:
+            step = LoadStep.of(measure_rate(target, bodies, rate, n, seed, spec.connections,
+                                            spec.arrival, c, offsets=offsets,
+                                            counter=counter))
+        steps.append(step)
+        if on_step is not None:
+            on_step(step)
+    return LoadReport(target.base, model, tuple(steps))

@@ -16,8 +16,9 @@ import gc
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -211,10 +212,21 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
             done[i] = end - t0
             counter[0] += 1
 
-    # Send times come from a thread sleeping with the OS's fine timer: the event loop's
-    # own timers round up to whole milliseconds (epoll), which would make every request
-    # up to 1 ms late. A shorter GIL switch interval lets the thread in on time while
-    # the loop is busy.
+    with paused_gc():
+        await send_on_schedule(intended, t0, one)
+    for (_, w), _ in idle:
+        w.close()
+    return LoadResult(intended, sent, done, status, errors)
+
+
+async def send_on_schedule(intended_ns: np.ndarray, t0: int,
+                           one: Callable[[int], Coroutine[Any, Any, None]]) -> None:
+    """Start `one(i)` at `t0 + intended_ns[i]` (time.monotonic_ns) for every i, and wait
+    for them all. Send times come from a thread sleeping with the OS's fine timer: the
+    event loop's own timers round up to whole milliseconds (epoll), which would make
+    every request up to 1 ms late. A shorter GIL switch interval lets the thread in on
+    time while the loop is busy."""
+    n = intended_ns.size
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Future[None]] = []
     all_started = asyncio.Event()
@@ -227,7 +239,7 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
 
     def sender() -> None:
         for i in range(n):
-            delay = (intended[i] - (time.monotonic_ns() - t0)) / 1e9
+            delay = (intended_ns[i] - (time.monotonic_ns() - t0)) / 1e9
             if delay > 0 and stop.wait(delay):
                 return
             loop.call_soon_threadsafe(start, i)
@@ -235,17 +247,13 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
     switch = sys.getswitchinterval()
     sys.setswitchinterval(min(switch, 0.0002))
     thread = threading.Thread(target=sender, name="servelab-load-sender", daemon=True)
-    with paused_gc():
-        thread.start()
-        try:
-            await all_started.wait()
-        finally:
-            stop.set()
-            sys.setswitchinterval(switch)
-        await asyncio.gather(*tasks)
-    for (_, w), _ in idle:
-        w.close()
-    return LoadResult(intended, sent, done, status, errors)
+    thread.start()
+    try:
+        await all_started.wait()
+    finally:
+        stop.set()
+        sys.setswitchinterval(switch)
+    await asyncio.gather(*tasks)
 
 
 async def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: int,
