@@ -227,12 +227,14 @@ app.command("replay-trace")(replay_trace_command)
 app.command("drift")(drift_command)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]
-KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype",
+KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", "--kv-cache-dtype",
                                                 help="auto, fp16, bf16, fp8, int8, int4.")]
 WDtypeOpt = Annotated[str | None, typer.Option("--weight-dtype",
                                                help="auto, bf16, fp16, fp8, int8, int4.")]
-CtxOpt = Annotated[int | None, typer.Option("--context", help="Tokens per session.")]
-TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.")]
+CtxOpt = Annotated[int | None, typer.Option("--context", "--max-model-len",
+                                            help="Tokens per session.")]
+TpOpt = Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
+                                           help="Tensor-parallel size.")]
 UtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization",
                                                help="vLLM's share of each GPU (0.9).")]
 BlockOpt = Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block.")]
@@ -306,8 +308,10 @@ _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "num_gpu_blocks_override": "llm.num_gpu_blocks_override"}
 
 RateOpt = Annotated[float | None, typer.Option(
+    "--rate", "--request-rate",
     help="Requests per second over all replicas ([llm] request_rate, default 5).")]
 LlmNReqOpt = Annotated[int | None, typer.Option(
+    "--num-requests", "--num-prompts",
     help="Requests to simulate ([llm] num_requests, default 2000).")]
 PromptOpt = Annotated[float | None, typer.Option(
     help="Prompt length, mean tokens ([llm] prompt_tokens, default 512).")]
@@ -379,8 +383,9 @@ def _serving_options(s: Scenario, llm: LlmPool) -> dict[str, Any]:
 def llm_simulate(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="GPUs per replica (tensor-parallel "
-                                           "size).")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
+                                           help="GPUs per replica (tensor-parallel size).")
+                  ] = None,
     replicas: Annotated[int | None, typer.Option(
         help="Replicas, each of --tp GPUs ([llm] replicas, default 1).")] = None,
     gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
@@ -398,9 +403,13 @@ def llm_simulate(
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
     lengths: LengthsOpt = None,
     chunked_prefill: Annotated[bool | None, typer.Option(
+        "--chunked-prefill/--no-chunked-prefill",
+        "--enable-chunked-prefill/--no-enable-chunked-prefill",
         help="vLLM enable_chunked_prefill ([llm] enable_chunked_prefill, on in v1).")
                                ] = None,
     prefix_caching: Annotated[bool | None, typer.Option(
+        "--prefix-caching/--no-prefix-caching",
+        "--enable-prefix-caching/--no-enable-prefix-caching",
         help="vLLM enable_prefix_caching, with --prefix-tokens shared.")] = None,
     prefix_tokens: Annotated[int | None, typer.Option(
         help="Tokens of the shared prefix ([llm] prefix_tokens).")] = None,
@@ -456,7 +465,8 @@ def llm_simulate(
 def llm_plan(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="GPUs per replica.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
+                                           help="GPUs per replica.")] = None,
     gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(

@@ -145,3 +145,16 @@ def test_lab_port_in_use_is_one_line():
     assert p.returncode == 1
     assert "Traceback" not in p.stderr
     assert f"--port = {port}: cannot listen" in p.stderr
+
+
+def test_llm_simulate_takes_vllms_spellings():
+    """vLLM's flag names (engine and `vllm bench serve`) give the same run as servelab's."""
+    ours = run("llm", "simulate", "--tp", "2", "--kv-dtype", "fp8", "--rate", "4",
+               "--num-requests", "150", "--no-prefix-caching", "--chunked-prefill", "--json")
+    vllm = run("llm", "simulate", "--tensor-parallel-size", "2", "--kv-cache-dtype", "fp8",
+               "--request-rate", "4", "--num-prompts", "150", "--no-enable-prefix-caching",
+               "--enable-chunked-prefill", "--json")
+    assert ours.returncode == 0, ours.stderr
+    assert vllm.returncode == 0, vllm.stderr
+    assert json.loads(ours.stdout) == json.loads(vllm.stdout)
+    assert json.loads(vllm.stdout)["tp"] == 2
