@@ -169,3 +169,12 @@ def test_random_workload_properties(n: int, inp: int, out: int, ratio: float, pr
     assert len(reqs) == n
     assert len({r.prompt for r in reqs}) == n
     assert all(1 <= r.max_tokens <= out * (1 + ratio) + 1 for r in reqs)
+
+
+def test_a_step_is_bounded_in_time() -> None:
+    LoadPlan(rate=1.0).check_span(80_000)  # under a day
+    with pytest.raises(InputError, match="--request-rate"):
+        LoadPlan(rate=1e-300).check_span(1)
+    with pytest.raises(InputError, match="--trace"):
+        LoadPlan(schedule_s=(0.0, 1e6)).check_span(2)
+    LoadPlan(schedule_s=(0.0, 1e6)).check_span(1)  # only the requests sent count

@@ -102,6 +102,8 @@ def load(
         raise invalid("--request-rate", request_rate, f"at most {MAX_STEPS} steps", "fewer")
     schedule = _schedule(trace) if trace is not None else None
     plans = [LoadPlan(r, burstiness, max_concurrency, schedule) for r in rates]
+    for plan in plans:
+        plan.check_span(num_prompts)
     make = _workload(dataset_name, dataset_path, num_prompts, random_input_len,
                      random_output_len, random_range_ratio, random_prefix_len,
                      sharegpt_output_len, seed, len(plans))

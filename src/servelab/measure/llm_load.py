@@ -43,6 +43,7 @@ LATE_WARN_MS = 10.0  # p99 send lateness past which a step is marked client-limi
 MAX_CONCURRENCY = 10_000
 MAX_METRICS_BYTES = 4 << 20
 MAX_RESPONSE_BYTES = 16 << 20
+MAX_RUN_S = 86_400  # the last request of a step leaves within a day of its start
 METRIC_PREFIXES = ("vllm:", "llamacpp:", "sglang:")
 
 
@@ -67,8 +68,17 @@ class LoadPlan:
         if not 0 <= self.max_concurrency <= MAX_CONCURRENCY:
             raise invalid("--max-concurrency", self.max_concurrency,
                           f"0 (no limit) to {MAX_CONCURRENCY:,}", "e.g. --max-concurrency 8")
-        if math.isinf(self.rate) and self.max_concurrency == 0 and self.schedule_s is None:
-            pass  # vLLM's default: everything at once
+
+    def check_span(self, n: int) -> None:
+        """A step is bounded in time too: its last request leaves within MAX_RUN_S."""
+        if self.schedule_s is not None:
+            span = self.schedule_s[min(n, len(self.schedule_s)) - 1] - self.schedule_s[0]
+        else:
+            span = 0.0 if math.isinf(self.rate) else n / self.rate
+        if not span <= MAX_RUN_S:
+            raise invalid("--request-rate" if self.schedule_s is None else "--trace",
+                          self.label(), f"a step of at most {MAX_RUN_S:,} s ({n:,} requests "
+                          f"would take {span:.3g} s)", "a higher rate or fewer prompts")
 
     def offsets_s(self, n: int, seed: int) -> np.ndarray:
         """Intended send times, seconds from the start, as vLLM draws them: gamma gaps
@@ -287,6 +297,7 @@ async def run_step(session: aiohttp.ClientSession, ep: Endpoint, requests: list[
     n = len(requests)
     if not 1 <= n <= MAX_PROMPTS:
         raise invalid("--num-prompts", n, f"1 to {MAX_PROMPTS:,}", "send fewer prompts")
+    plan.check_span(n)
     offsets = plan.offsets_s(n, seed)
     intended = np.rint(offsets * 1e9).astype(np.int64)
     bodies = [request_body(chat=ep.chat, model=ep.model, prompt=r.prompt,
