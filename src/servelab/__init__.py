@@ -9,6 +9,7 @@ from servelab.api import (
     run_plan,
     run_simulate,
     run_sweep,
+    run_validation,
 )
 from servelab.errors import ConfigError, InputError, ServelabError, StoreError
 from servelab.scenario import Scenario, load_scenario, scenario_from_dict, scenario_to_toml
@@ -30,6 +31,7 @@ __all__ = [
     "run_plan",
     "run_simulate",
     "run_sweep",
+    "run_validation",
     "scenario_from_dict",
     "scenario_to_toml",
 ]

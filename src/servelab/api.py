@@ -109,6 +109,14 @@ def run_load(url: str, model: str, spec: Any, **options: Any) -> Any:
     return run(url, model, spec, **options)
 
 
+def run_validation(spec: Any, **options: Any) -> Any:
+    """Profile, fit and validate a v2 server (`measure.validate.run_validation`): a typed
+    `ValidationReport`. `spec` is a `servelab.measure.validate.ValidationSpec`."""
+    from servelab.measure.validate import run_validation as run
+
+    return run(spec, **options)
+
+
 def run_llm_load(endpoint: Any, make_requests: Any, plans: Any, **options: Any) -> Any:
     """Load an OpenAI-compatible LLM server (`measure.llm_load.run_load`): a typed
     `LlmLoadReport`. Async: await it, or asyncio.run it."""

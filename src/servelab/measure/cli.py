@@ -241,144 +241,39 @@ def validate(
 ) -> None:
     """Profile a v2 server, fit the simulator to it, load it at several rates and print
     the prediction beside the measurement, with % error and a verdict."""
-    import contextlib
-    import tempfile
-    from dataclasses import replace
-
-    import numpy as np
-
-    from servelab.errors import InputError
-    from servelab.measure.load import metadata, parse_url
-    from servelab.measure.process import (
-        free_port,
-        parse_cpus,
-        pin_this_process,
-        server_process,
-    )
-    from servelab.measure.validate import (
-        TOLERANCE,
-        fit_scenario,
-        measure_and_predict,
-        notes_for,
-        profile_server,
-        read_policy,
-        saturation,
-        under_load,
-        verdict,
-        write_html,
-    )
+    from servelab.measure.process import parse_cpus
+    from servelab.measure.validate import ValidationSpec, run_validation, write_html
     from servelab.scenario import scenario_to_toml
 
-    if (url is None) == (serve is None):
-        raise invalid("--url/--serve", (url, serve), "exactly one of them",
-                      "give --url http://127.0.0.1:8000 --model NAME, or --serve demo")
-    if not 1 <= duration <= 600:
-        raise invalid("--duration", duration, "1 to 600 seconds per rate", "e.g. 10")
-    if not 0 <= batcher_first <= 1:
-        raise invalid("--batcher-first", batcher_first, "a share from 0 to 1",
-                      "the share servelab replay-trace prints, or 0")
-    grid: list[float] | None = None
-    if rates is not None:
-        grid = parse_rates(rates)
     if out is not None and out.exists() and not out.is_dir():
         raise invalid("--out", str(out), "a folder", "give a folder name")
-    if server_cpus is not None and serve is None:
-        raise invalid("--server-cpus", server_cpus, "--serve (validate starts that server)",
-                      "pin a server you started yourself with taskset -c, or use --serve")
-    pinned = {k: sorted(parse_cpus(f"--{k}-cpus", v))
-              for k, v in (("server", server_cpus), ("client", client_cpus)) if v is not None}
-    if len(pinned) == 2 and set(pinned["server"]) & set(pinned["client"]):
-        raise invalid("--client-cpus", client_cpus, "CPUs apart from --server-cpus "
-                      f"{server_cpus}", "give the load generator other CPUs")
+    spec = ValidationSpec(
+        model=model, url=url, serve=serve,
+        rates=tuple(parse_rates(rates)) if rates is not None else None,
+        duration_s=duration, max_batch_size=max_batch_size,
+        max_queue_delay_us=max_queue_delay_us, instances=instances,
+        batcher_first=batcher_first, seed=seed, calibrate=calibrate,
+        server_cpus=tuple(sorted(parse_cpus("--server-cpus", server_cpus)))
+        if server_cpus is not None else None,
+        client_cpus=tuple(sorted(parse_cpus("--client-cpus", client_cpus)))
+        if client_cpus is not None else None)
 
     def say(message: str) -> None:
         if not as_json:
             stderr.print(message, highlight=False, markup=False)
 
-    name = model or ("demo" if serve else None)
-    if name is None:
-        raise invalid("--model", None, "the model's name on the server", "e.g. --model resnet")
-    with contextlib.ExitStack() as stack:
-        if serve is not None:
-            from servelab.gateway.demo import VALIDATION_MLP, write_mlp
-
-            path = serve
-            if serve == "demo":
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="servelab-val-"))
-                path = str(write_mlp(Path(tmp) / "mlp.onnx", **VALIDATION_MLP))
-            elif not Path(serve).is_file():
-                raise InputError(f"--serve = {serve!r}: no such file; fix: a .onnx path, or "
-                                 "--serve demo")
-            port = free_port()
-            cmd = [sys.executable, "-m", "servelab", "serve", "--model", f"{name}={path}",
-                   "--port", str(port)]
-            for flag, v in (("--max-batch-size", max_batch_size),
-                            ("--max-queue-delay-us", max_queue_delay_us),
-                            ("--instances", instances)):
-                if v is not None:
-                    cmd += [flag, str(v)]
-            say(f"validate: starting servelab serve on port {port}...")
-            stack.enter_context(server_process(
-                cmd, f"http://127.0.0.1:{port}/v2/health/ready",
-                cpus=frozenset(pinned["server"]) if "server" in pinned else None))
-            url = f"http://127.0.0.1:{port}"
-        assert url is not None
-        target = parse_url(url, name)
-        meta = metadata(target)
-        if "client" in pinned:  # once the server answers: a refused run pins nothing
-            pin_this_process(frozenset(pinned["client"]))
-        sp = read_policy(target, {"max_batch_size": max_batch_size,
-                                  "max_queue_delay_us": max_queue_delay_us,
-                                  "instances": instances})
-        sp = replace(sp, policy=replace(sp.policy, batcher_first=batcher_first))
-        p = sp.policy
-        say(f"validate: {name} at {target.base}: max_batch_size {p.max_batch_size}, "
-            f"max_queue_delay {p.max_queue_delay_microseconds} us, preferred "
-            f"{list(p.preferred_batch_size) or 'none'}, {sp.instances} instance(s) "
-            f"(from {sp.source})")
-        closed_prof = profile_server(target, meta, sp, seed=seed, say=say)
-        sat = closed = None
-        calibration: dict[int, tuple[int, int]] = {}
-        if grid is None or calibrate:
-            sat, closed, calibration = saturation(
-                target, meta, sp, float(np.median(closed_prof.low_load_ms)), seed=seed,
-                say=say)
-            say(f"validate: open-loop saturation about {sat:.0f} requests/s")
-        if grid is None:
-            assert sat is not None
-            grid = [round(sat * f, -1) or round(sat * f, 1) for f in (0.2, 0.5, 0.8)]
-        prof = under_load(closed_prof, calibration) if calibrate else closed_prof
-        if prof.calibration is not None:
-            c = prof.calibration
-            say(f"validate: profile calibrated under open-loop load: batch sizes "
-                f"{', '.join(c['sizes_ms'])} as measured, the closed-loop profile "
-                f"x{c['profile_scale']:.3f} elsewhere")
-        fit = fit_scenario(target, sp, prof)
-        rows = []
-        for k, rate in enumerate(grid):
-            n = max(200, min(int(rate * duration), 2_000_000))
-            say(f"validate: {rate:g}/s, {n:,} requests...")
-            rows.append(measure_and_predict(
-                target, meta, sp, prof, rate, n, seed + k,
-                closed_loop=closed_prof if prof is not closed_prof else None))
-    ok, misses = verdict(rows)
-    report: dict[str, Any] = {
-        "model": name, "url": target.base, "policy_source": sp.source, "cpus": pinned,
-        "saturation_per_s": sat, "closed_loop_per_s": closed, "profile": prof.to_dict(),
-        **({"closed_loop_profile": closed_prof.to_dict()} if prof is not closed_prof else {}),
-        "rates": rows,
-        "tolerance": dict(TOLERANCE),
-        "within_tolerance": ok, "misses": misses, "notes": notes_for(rows, prof)}
+    report = run_validation(spec, say=say)
+    d = report.to_dict()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "scenario.toml").write_text(scenario_to_toml(fit))
-        (out / "validation.json").write_text(json.dumps(report, indent=2, default=float))
-        write_html(report, out / "validation.html")
+        (out / "scenario.toml").write_text(scenario_to_toml(report.fit))
+        (out / "validation.json").write_text(json.dumps(d, indent=2, default=float))
+        write_html(d, out / "validation.html")
         say(f"validate: wrote {out}/scenario.toml, validation.json, validation.html")
     if as_json:
-        sys.stdout.write(json.dumps(report, indent=2, default=float) + "\n")
+        sys.stdout.write(json.dumps(d, indent=2, default=float) + "\n")
         return
-    _print_validation(report)
+    _print_validation(d)
 
 
 def _print_validation(report: dict[str, Any]) -> None:

@@ -167,12 +167,25 @@ def cpu_use(a: CpuTimes, b: CpuTimes) -> dict[str, float]:
     return out
 
 
-def server_stats(t: Target) -> dict[str, float] | None:
-    """Cumulative counts and times from the server's v2 statistics (None if refused)."""
-    try:
-        r = httpx.get(f"{t.base}/v2/models/{t.model}/stats", timeout=10)
-        s = r.json()["model_stats"][0]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+def server_stats(t: Target, tries: int = 3) -> dict[str, float] | None:
+    """Cumulative counts and times from the server's v2 statistics (None if refused).
+    A transport error is tried again (`tries` in all, 0.5 s apart): a server busy
+    finishing the last run's requests can drop one connection, and one dropped read of
+    a counter should not end a whole validation."""
+    import time
+
+    for attempt in range(tries):
+        try:
+            r = httpx.get(f"{t.base}/v2/models/{t.model}/stats", timeout=10)
+            s = r.json()["model_stats"][0]
+            break
+        except httpx.TransportError:
+            if attempt == tries - 1:
+                return None
+            time.sleep(0.5)
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            return None
+    else:
         return None
     inf = s["inference_stats"]
     return {"inferences": s["inference_count"], "executions": s["execution_count"],

@@ -58,7 +58,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from servelab.errors import InputError, StoreError, cut
+from servelab.errors import InputError, StoreError, cut, invalid
 from servelab.measure.load import (
     Target,
     cpu_times,
@@ -853,3 +853,171 @@ def write_html(report: dict[str, Any], path: Any) -> None:
     fig.update_layout(title=f"servelab validate: {report['model']} at {report['url']} "
                             f"({verdict_text})", height=760)
     fig.write_html(str(path), include_plotlyjs="directory", full_html=True)
+
+
+# ---------------------------------------------------------------- the whole run, typed
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationSpec:
+    """What a `validate` run does; checked on construction, with each flag's name."""
+
+    model: str | None = None
+    url: str | None = None
+    serve: str | None = None  # servelab's own gateway for the run: PATH.onnx or 'demo'
+    rates: tuple[float, ...] | None = None  # None: 20/50/80% of the measured saturation
+    duration_s: float = 10.0
+    max_batch_size: int | None = None
+    max_queue_delay_us: int | None = None
+    instances: int | None = None
+    batcher_first: float = 0.0
+    seed: int = 0
+    calibrate: bool = False
+    server_cpus: tuple[int, ...] | None = None
+    client_cpus: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.url is None) == (self.serve is None):
+            raise invalid("--url/--serve", (self.url, self.serve), "exactly one of them",
+                          "give --url http://127.0.0.1:8000 --model NAME, or --serve demo")
+        if not 1 <= self.duration_s <= 600:
+            raise invalid("--duration", self.duration_s, "1 to 600 seconds per rate", "e.g. 10")
+        if not 0 <= self.batcher_first <= 1:
+            raise invalid("--batcher-first", self.batcher_first, "a share from 0 to 1",
+                          "the share servelab replay-trace prints, or 0")
+        if self.server_cpus is not None and self.serve is None:
+            raise invalid("--server-cpus", self.server_cpus, "--serve (validate starts that "
+                          "server)", "pin a server you started yourself with taskset -c, or "
+                          "use --serve")
+        if self.server_cpus and self.client_cpus and set(self.server_cpus) & set(
+                self.client_cpus):
+            raise invalid("--client-cpus", self.client_cpus, "CPUs apart from --server-cpus "
+                          f"{list(self.server_cpus)}", "give the load generator other CPUs")
+        if self.name is None:
+            raise invalid("--model", None, "the model's name on the server",
+                          "e.g. --model resnet")
+
+    @property
+    def name(self) -> str | None:
+        return self.model or ("demo" if self.serve else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationReport:
+    """A whole `validate` run. `rates` keeps measure_and_predict's rows (their typing is
+    the next step); `to_dict()` is the stable validation.json."""
+
+    model: str
+    url: str
+    policy_source: str
+    cpus: dict[str, list[int]]
+    saturation_per_s: float | None
+    closed_loop_per_s: float | None
+    profile: Profile
+    closed_loop_profile: Profile | None
+    rates: tuple[dict[str, Any], ...]
+    within_tolerance: bool
+    misses: tuple[str, ...]
+    notes: tuple[str, ...]
+    fit: Scenario
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "url": self.url, "policy_source": self.policy_source,
+            "cpus": dict(self.cpus), "saturation_per_s": self.saturation_per_s,
+            "closed_loop_per_s": self.closed_loop_per_s, "profile": self.profile.to_dict(),
+            **({"closed_loop_profile": self.closed_loop_profile.to_dict()}
+               if self.closed_loop_profile is not None else {}),
+            "rates": list(self.rates), "tolerance": dict(TOLERANCE),
+            "within_tolerance": self.within_tolerance, "misses": list(self.misses),
+            "notes": list(self.notes)}
+
+
+def run_validation(spec: ValidationSpec, *,
+                   say: Callable[[str], None] = lambda s: None) -> ValidationReport:
+    """Profile a v2 server (started here with `spec.serve`), fit, find its saturation,
+    load it at each rate and predict on the same arrivals (see the module docstring)."""
+    import contextlib
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from servelab.measure.load import metadata, parse_url
+    from servelab.measure.process import free_port, pin_this_process, server_process
+
+    name = spec.name
+    assert name is not None  # checked by ValidationSpec
+    pinned = {k: sorted(v) for k, v in (("server", spec.server_cpus),
+                                         ("client", spec.client_cpus)) if v is not None}
+    url = spec.url
+    with contextlib.ExitStack() as stack:
+        if spec.serve is not None:
+            from servelab.gateway.demo import VALIDATION_MLP, write_mlp
+
+            path = spec.serve
+            if spec.serve == "demo":
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="servelab-val-"))
+                path = str(write_mlp(Path(tmp) / "mlp.onnx", **VALIDATION_MLP))
+            elif not Path(spec.serve).is_file():
+                raise InputError(f"--serve = {spec.serve!r}: no such file; fix: a .onnx "
+                                 "path, or --serve demo")
+            port = free_port()
+            cmd = [sys.executable, "-m", "servelab", "serve", "--model", f"{name}={path}",
+                   "--port", str(port)]
+            for flag, v in (("--max-batch-size", spec.max_batch_size),
+                            ("--max-queue-delay-us", spec.max_queue_delay_us),
+                            ("--instances", spec.instances)):
+                if v is not None:
+                    cmd += [flag, str(v)]
+            say(f"validate: starting servelab serve on port {port}...")
+            stack.enter_context(server_process(
+                cmd, f"http://127.0.0.1:{port}/v2/health/ready",
+                cpus=frozenset(pinned["server"]) if "server" in pinned else None))
+            url = f"http://127.0.0.1:{port}"
+        assert url is not None
+        target = parse_url(url, name)
+        meta = metadata(target)
+        if "client" in pinned:  # once the server answers: a refused run pins nothing
+            pin_this_process(frozenset(pinned["client"]))
+        sp = read_policy(target, {"max_batch_size": spec.max_batch_size,
+                                  "max_queue_delay_us": spec.max_queue_delay_us,
+                                  "instances": spec.instances})
+        sp = replace(sp, policy=replace(sp.policy, batcher_first=spec.batcher_first))
+        p = sp.policy
+        say(f"validate: {name} at {target.base}: max_batch_size {p.max_batch_size}, "
+            f"max_queue_delay {p.max_queue_delay_microseconds} us, preferred "
+            f"{list(p.preferred_batch_size) or 'none'}, {sp.instances} instance(s) "
+            f"(from {sp.source})")
+        closed_prof = profile_server(target, meta, sp, seed=spec.seed, say=say)
+        sat = closed = None
+        calibration: dict[int, tuple[int, int]] = {}
+        grid = list(spec.rates) if spec.rates is not None else None
+        if grid is None or spec.calibrate:
+            sat, closed, calibration = saturation(
+                target, meta, sp, float(np.median(closed_prof.low_load_ms)), seed=spec.seed,
+                say=say)
+            say(f"validate: open-loop saturation about {sat:.0f} requests/s")
+        if grid is None:
+            assert sat is not None
+            grid = [round(sat * f, -1) or round(sat * f, 1) for f in (0.2, 0.5, 0.8)]
+        prof = under_load(closed_prof, calibration) if spec.calibrate else closed_prof
+        if prof.calibration is not None:
+            c = prof.calibration
+            say(f"validate: profile calibrated under open-loop load: batch sizes "
+                f"{', '.join(c['sizes_ms'])} as measured, the closed-loop profile "
+                f"x{c['profile_scale']:.3f} elsewhere")
+        fit = fit_scenario(target, sp, prof)
+        rows = []
+        for k, rate in enumerate(grid):
+            n = max(200, min(int(rate * spec.duration_s), 2_000_000))
+            say(f"validate: {rate:g}/s, {n:,} requests...")
+            rows.append(measure_and_predict(
+                target, meta, sp, prof, rate, n, spec.seed + k,
+                closed_loop=closed_prof if prof is not closed_prof else None))
+    ok, misses = verdict(rows)
+    return ValidationReport(
+        model=name, url=target.base, policy_source=sp.source, cpus=pinned,
+        saturation_per_s=sat, closed_loop_per_s=closed, profile=prof,
+        closed_loop_profile=closed_prof if prof is not closed_prof else None,
+        rates=tuple(rows), within_tolerance=ok, misses=tuple(misses),
+        notes=tuple(notes_for(rows, prof)), fit=fit)
