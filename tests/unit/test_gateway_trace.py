@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servelab.errors import InputError
-from servelab.gateway.trace import TraceWriter
-from servelab.measure.triton_trace import read_trace
+from servelab.trace_file import TraceWriter, read_trace
 
 
 def test_numbered_files_that_replay_trace_reads_back(tmp_path):

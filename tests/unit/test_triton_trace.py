@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from servelab.batching.simulate import simulate_policy
 from servelab.errors import InputError
-from servelab.measure.triton_trace import left_behind_share, read_trace, replay
+from servelab.measure.replay import left_behind_share, replay
 from servelab.scenario import BatchingPolicy, Closing
+from servelab.trace_file import read_trace
 
 
 def write_trace(path: Path, queue: np.ndarray, start: np.ndarray, end: np.ndarray,

@@ -40,7 +40,6 @@ from servelab.gateway.join import FeatureJoin
 from servelab.gateway.log import ServedLog
 from servelab.gateway.protocol import build_response, parse_request
 from servelab.gateway.runner import OnnxModel, Timing
-from servelab.gateway.trace import TraceWriter
 from servelab.http import (
     LOOPBACK_HOSTS,
     GuardMiddleware,
@@ -49,6 +48,7 @@ from servelab.http import (
     json_response,
 )
 from servelab.scenario import BatchingPolicy
+from servelab.trace_file import TraceWriter
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # Triton has no *_created
 MAX_BODY_BYTES = 64 * 1024 * 1024

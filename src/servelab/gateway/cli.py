@@ -140,7 +140,7 @@ def serve(
         reference = read_side(drift_reference, "--drift-reference", list(join.feature_names))
     trace = None
     if trace_file is not None:
-        from servelab.gateway.trace import TraceWriter
+        from servelab.trace_file import TraceWriter
 
         trace = TraceWriter(trace_file, limit=trace_requests)
     metrics = Metrics()

@@ -333,8 +333,9 @@ def replay_trace(
     queue-entry times and measured execution times, each batch-closing rule beside what
     Triton did (mean batch, queue, batches that left older requests behind)."""
     from servelab.files import check_writable_target
-    from servelab.measure.triton_trace import read_trace, replay, trace_scenario
+    from servelab.measure.replay import replay, trace_scenario
     from servelab.scenario import scenario_from_dict, scenario_to_toml
+    from servelab.trace_file import read_trace
 
     prefs: list[int] = []
     if preferred_batch_size is not None:

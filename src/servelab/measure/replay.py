@@ -19,119 +19,23 @@ makes of them with what Triton did:
 Execution times are the mean of the batches of each size (what differs is then the
 rule, not the draws), and in one more row the measured per-batch spread resampled
 (each batch's time over its size's mean), which is what reaches the queue's tail.
-Requests of one row each, as the engine models them. `trace_scenario` turns all of
+Requests of one row each, as the engine models them (the file is read by
+servelab.trace_file). `trace_scenario` turns all of
 it into a scenario the other commands take.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from servelab.batching.service import draw_multipliers
 from servelab.batching.simulate import simulate_policy
-from servelab.errors import InputError, cut
-from servelab.files import parse_json, read_text
+from servelab.errors import InputError
 from servelab.scenario import MAX_SAMPLES, BatchingPolicy, Closing, Variability
-
-MAX_TRACE_REQUESTS = 2_000_000
-NEEDED = ("QUEUE_START", "COMPUTE_START", "COMPUTE_END")
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class TraceRequests:
-    """One model's complete requests from a trace, in order of queue entry (ns)."""
-
-    model: str
-    queue_ns: np.ndarray
-    start_ns: np.ndarray
-    end_ns: np.ndarray
-    skipped: int  # traced requests without all three timestamps (rejected, cancelled)
-
-
-def read_trace(paths: list[str | Path] | list[Path], model: str | None = None
-               ) -> TraceRequests:
-    """The requests of `model` (or of the trace's only model) in Triton trace files: one
-    file, or the numbered files Triton writes with log_frequency > 0, read together."""
-    field = "TRACE"
-    stamps: dict[Any, dict[str, int]] = defaultdict(dict)
-    names: dict[Any, str] = {}
-    if not paths:
-        raise InputError(f"{field}: no file given; fix: name the trace file(s)")
-    for path in paths:
-        doc = parse_json(read_text(path, field, what="Triton trace (JSON)"), f"{field} = "
-                         f"{cut(str(path))}")
-        if not isinstance(doc, list):
-            raise InputError(f"{field} = {cut(str(path))}: not a Triton trace (expected a "
-                             f"JSON list of trace events, got {type(doc).__name__}); fix: "
-                             "the file tritonserver writes with --trace-config "
-                             "triton,file=PATH")
-        _collect(doc, field, stamps, names)
-    return _requests(field, stamps, names, model)
-
-
-def _collect(doc: list[Any], field: str, stamps: dict[Any, dict[str, int]],
-             names: dict[Any, str]) -> None:
-    for i, ev in enumerate(doc):
-        if not isinstance(ev, dict) or not isinstance(ev.get("id"), int | str) or isinstance(
-                ev.get("id"), bool):
-            raise InputError(f"{field}: event {i} is not an object with an \"id\"; fix: the "
-                             "file tritonserver writes with --trace-config triton,file=PATH")
-        key = ev["id"]
-        if isinstance(ev.get("model_name"), str):
-            names[key] = ev["model_name"]
-        ts = ev.get("timestamps", [])
-        if not isinstance(ts, list):
-            raise InputError(f"{field}: event {i} (id {cut(str(key), 40)}): \"timestamps\" "
-                             "is not a list; fix: a trace at level=TIMESTAMPS")
-        for t in ts:
-            if not isinstance(t, dict):
-                raise InputError(f"{field}: event {i} (id {cut(str(key), 40)}): a timestamp "
-                                 "is not an object; fix: a trace at level=TIMESTAMPS")
-            if t.get("name") not in NEEDED:
-                continue  # the others (HTTP, request, compute input/output) are not used
-            ns = t.get("ns")
-            if not (isinstance(ns, int) and not isinstance(ns, bool) and 0 <= ns < 1 << 62):
-                raise InputError(f"{field}: event {i} (id {cut(str(key), 40)}): "
-                                 f"{t['name']} ns = {cut(repr(ns), 40)}; expected an integer "
-                                 "from 0 to 2^62; fix: a trace at level=TIMESTAMPS")
-            stamps[key][t["name"]] = ns
-        if len(stamps) > MAX_TRACE_REQUESTS:
-            raise InputError(f"{field}: more than {MAX_TRACE_REQUESTS:,} traced requests; "
-                             "fix: a shorter trace")
-
-
-def _requests(field: str, stamps: dict[Any, dict[str, int]], names: dict[Any, str],
-              model: str | None) -> TraceRequests:
-    models = sorted(set(names.values()))
-    if model is None:
-        if len(models) > 1:
-            raise InputError(f"{field}: the trace holds {len(models)} models "
-                             f"({', '.join(cut(m, 40) for m in models[:5])}); "
-                             "fix: choose one with --model")
-        model = models[0] if models else ""
-    elif model not in models:
-        raise InputError(f"--model = {cut(model, 60)}: not in the trace (it holds "
-                         f"{', '.join(cut(m, 40) for m in models[:5]) or 'no model names'}); "
-                         "fix: one of those")
-    ids = [k for k in set(stamps) | set(names) if names.get(k, "") == model]
-    done = [stamps[k] for k in ids if all(n in stamps.get(k, ()) for n in NEEDED)]
-    if not done:
-        raise InputError(f"{field}: no request of {model or 'the model'!r} has "
-                         f"{', '.join(NEEDED)}; fix: trace with --trace-config "
-                         "level=TIMESTAMPS and rate=1 while the load runs")
-    q = np.array([d["QUEUE_START"] for d in done], np.int64)
-    s = np.array([d["COMPUTE_START"] for d in done], np.int64)
-    e = np.array([d["COMPUTE_END"] for d in done], np.int64)
-    if (s < q).any() or (e < s).any():
-        raise InputError(f"{field}: a request's timestamps are out of order (compute before "
-                         "queue, or end before start); fix: a trace from one tritonserver run")
-    order = np.argsort(q, kind="stable")
-    return TraceRequests(model, q[order], s[order], e[order], len(ids) - len(done))
+from servelab.trace_file import TraceRequests
 
 
 def batches_of(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray,
