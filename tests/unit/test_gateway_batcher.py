@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT
 from servelab.batching.simulate import simulate_policy
-from servelab.gateway.batcher import BatcherCore, Payload
+from servelab.batching.state import BatcherCore, Payload
 from servelab.scenario import BatchingPolicy, Closing
 from tests.unit.test_engine_properties import cases
 
