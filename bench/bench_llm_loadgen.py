@@ -16,6 +16,14 @@ request, aiohttp streaming, `time.perf_counter()` at the start of the request fu
 at each chunk, TTFT and ITL from those.
 
     python bench/bench_llm_loadgen.py [--rates 10,20,40,80,160] [--requests 200]
+        [--guidellm /path/to/venv/bin/guidellm]
+
+GuideLLM (`pip install guidellm` in a venv of its own: it brings torch) is run too when
+`--guidellm` names its executable, on the same mock in chat mode, with a word-level
+tokenizer written here (its synthetic data needs one and nothing comes from a hub). Its
+per-request records carry no intended send time and its ITL is a per-request mean, so it
+is compared on aggregates: its TTFT p50/p99 against the mock's own receipt-to-first-write
+p50/p99, and its ITL p50/p99 against the mock's per-gap p50/p99.
 """
 
 from __future__ import annotations
@@ -103,10 +111,71 @@ def errors_ms(truth: dict[str, dict], intended_abs: dict[str, int],
             len(e_ttft))
 
 
+TOKENIZER = """
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import PreTrainedTokenizerFast
+words = open(sys.argv[1]).read().split()
+vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+for w in words:
+    vocab.setdefault(w, len(vocab))
+tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+tok.decoder = decoders.WordPiece()
+PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                        eos_token="</s>").save_pretrained(sys.argv[2])
+"""
+
+
+def guidellm_rows(exe: str, rates: list[float], requests: int) -> None:
+    """GuideLLM on the mock at each rate: its aggregates beside the mock's truth."""
+    import subprocess
+    import tempfile
+
+    from servelab.measure.llm_workload import words
+
+    work = Path(tempfile.mkdtemp(prefix="servelab-guidellm-"))
+    (work / "words.txt").write_text("\n".join(words()))
+    py = str(Path(exe).parent / "python")
+    subprocess.run([py, "-c", TOKENIZER, str(work / "words.txt"), str(work / "tok")],
+                   check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    print("GuideLLM (chat, aggregates in ms: its TTFT p50/p99 vs the mock's receipt-to-first-"
+          "write; its ITL p50/p99, a per-request mean, vs the mock's per-gap)")
+    for rate in rates:
+        port = free_port()
+        log = work / f"mock-{rate:g}.jsonl"
+        cmd = [sys.executable, "-m", "tests.mock_openai", "--port", str(port), "--ttft-ms",
+               str(TTFT_MS), "--itl-ms", str(ITL_MS), "--log", str(log)]
+        with server_process(cmd, f"http://127.0.0.1:{port}/health", env=env):
+            out = work / f"gl-{rate:g}.json"
+            subprocess.run([exe, "run", "--backend",
+                            f"kind=openai_http,target=http://127.0.0.1:{port}",
+                            "--profile", f"kind=poisson,rate={rate:g}", "--data",
+                            f"kind=synthetic_text,prompt_tokens=8,output_tokens={TOKENS}",
+                            "--tokenizer", f"kind=huggingface_auto,model={work / 'tok'}",
+                            "--constraint", f"kind=max_requests,count={requests}",
+                            "--output", f"kind=json,path={out}", "--disable-console"],
+                           check=True, capture_output=True, timeout=600)
+        m = json.loads(out.read_text())["benchmarks"][0]["metrics"]
+        ttft = m["time_to_first_token_ms"]["successful"]
+        itl = m["inter_token_latency_ms"]["successful"]
+        rows = [json.loads(x) for x in log.read_text().splitlines()]
+        true_ttft = np.array([(r["chunk_ns"][0] - r["start_ns"]) / 1e6 for r in rows
+                              if r["chunk_ns"]])
+        true_itl = np.concatenate([np.diff(r["chunk_ns"]) / 1e6 for r in rows])
+        print(f"{rate:6.0f}/s  TTFT {ttft['median']:.2f}/{ttft['percentiles']['p99']:.2f} vs "
+              f"{np.median(true_ttft):.2f}/{np.percentile(true_ttft, 99):.2f}  ITL "
+              f"{itl['median']:.2f}/{itl['percentiles']['p99']:.2f} vs "
+              f"{np.median(true_itl):.2f}/{np.percentile(true_itl, 99):.2f}  "
+              f"({ttft['count']} of {requests})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rates", default="10,20,40,80,120,160")
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--guidellm", default="", help="GuideLLM's executable, to run it too")
     args = ap.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
     port = free_port()
@@ -160,6 +229,8 @@ def main() -> None:
                 line.append(f"{name} {e_t:7.2f} {e_i:6.2f} ({n}){' ok' if ok else '   '}")
             print("  ".join(line), flush=True)
     log.unlink(missing_ok=True)
+    if args.guidellm:
+        guidellm_rows(args.guidellm, rates, args.requests)
     other = held["vllm-style"]
     if other:
         print(f"highest rate within 1 ms: servelab {held['servelab']:g}/s, vllm-style "

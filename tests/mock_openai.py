@@ -23,6 +23,8 @@ import time
 
 CHUNK = (b'data: {"choices":[{"text":" word","index":0,"finish_reason":null}],'
          b'"object":"text_completion"}\n\n')
+CHAT_CHUNK = (b'data: {"choices":[{"delta":{"content":" word"},"index":0,'
+              b'"finish_reason":null}],"object":"chat.completion.chunk"}\n\n')
 
 
 def _chunked(data: bytes) -> bytes:
@@ -39,6 +41,13 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, ob
             length = int(line.split(":", 1)[1])
     body = json.loads(await reader.readexactly(length)) if length else {}
     return path, body
+
+
+def _text(content: object) -> str:
+    """A chat message's text: a string, or OpenAI's list of {"type": "text", "text"} parts."""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
 
 
 def main() -> None:
@@ -82,8 +91,13 @@ def main() -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         t0 = time.monotonic_ns()
-        prompt = str(body.get("prompt", ""))
-        max_tokens = int(body.get("max_tokens", 16))  # type: ignore[call-overload]
+        chat = path.rstrip("/").endswith("/chat/completions")
+        messages = body.get("messages") or []
+        prompt = (" ".join(_text(m.get("content", "")) for m in messages if isinstance(m, dict))
+                  if chat and isinstance(messages, list) else str(body.get("prompt", "")))
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens")  # type: ignore[call-overload]
+                         or 16)
+        chunk = CHAT_CHUNK if chat else CHUNK
         sent: list[int] = []
         try:
             if args.mode == "garbage":
@@ -101,7 +115,7 @@ def main() -> None:
                 for k in range(max_tokens):
                     await sleep_until(first + int(k * args.itl_ms * 1e6))
                     sent.append(time.monotonic_ns())  # before the write: it may send at once
-                    writer.write(_chunked(CHUNK))
+                    writer.write(_chunked(chunk))
                     await writer.drain()
                 if args.mode != "nousage":
                     usage = {"usage": {"prompt_tokens": words, "completion_tokens": max_tokens,
