@@ -9,8 +9,8 @@ simulator's step model to it, load it, and set the prediction beside the measure
      TTFT; the client's TTFT less it, at the median, is the time outside the steps
      (HTTP, tokenizing, the wait for the server's next loop): `overhead_ms`;
    - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
-     median gap between chunks in the middle of their streams is a step of c decodes
-     reading their KV;
+     median gap between chunks in the middle of their streams (the lesser of two runs)
+     is a step of c decodes reading their KV;
    - mixed: a prompt joining running decodes, the longest gap in a running stream (the
      steps a load makes; prefill alone put their fixed cost 12-20 ms short);
    - fit: `ProfileStepModel` (step_ms = base + per prefill token + per decode sequence
@@ -22,6 +22,8 @@ simulator's step model to it, load it, and set the prediction beside the measure
 4. **load** at shares of it (default 30%, 60%, 85%), Poisson, and the simulator on the
    same intended arrival times and the lengths the server counted; TTFT and E2EL get the
    overhead added (it is outside the steps);
+   Before each, a **probe** (one decode stream, as the profile's first decode row) says
+   how far the server's speed has moved since the profile (noted past 5%);
 5. **compare**: TTFT, TPOT and E2EL p50/p90/p99 and throughput, predicted / measured
    with % error, judged against ±10% (p50), ±15% (p90), ±20% (p99), ±5% (throughput),
    ±10% (saturation); a diagnosis: the client (sent late?), the scheduling (the steps
@@ -66,6 +68,8 @@ TOLERANCE = {"p50": 10.0, "p90": 15.0, "p99": 20.0, "throughput": 5.0, "saturati
 PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-batches
 DECODE_PROMPTS = (32, 448)  # two contexts, so KV read and sequences can be told apart
 DECODE_TOKENS = 48
+DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
+DECODE_REPEATS = 2  # each decode row measured twice; one run here came out 55% slow
 SKIP_GAPS = 8  # a decode stream's first gaps, shared with other requests' prefills
 MIXED_PROMPTS = (64, 192)  # prompts joining running decodes: the steps a load mixes
 DECODE_PROMPT_MIXED = 32
@@ -191,9 +195,10 @@ class RateResult:
     send_late_p99_ms: float
     failed: int
     notes: tuple[str, ...] = ()
+    probe_drift_pct: float | None = None  # the decode probe before this step vs profiled
 
     def to_dict(self) -> dict[str, Any]:
-        return {"offered_per_s": self.offered_per_s,
+        return {"offered_per_s": self.offered_per_s, "probe_drift_pct": self.probe_drift_pct,
                 "share_of_saturation": self.share_of_saturation,
                 "figures": [f.to_dict() for f in self.figures],
                 "steps_predicted": self.steps_predicted, "steps_measured": self.steps_measured,
@@ -322,15 +327,18 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     levels = sorted({1, 2, limits.slots})
     for prompt_len in DECODE_PROMPTS:
         for c in levels:
-            reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
-                                   tokens_per_word=tpw, first_index=index)
-            index += c
-            rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0,
-                                 timeout_s=600, ignore_eos=True)
-            if any(rec.errors):
-                failed = next(e for e in rec.errors if e)
-                raise StoreError(f"profile: a decode request failed ({failed})")
-            gap = float(np.median([_median_gap_ms(rec, i) for i in range(c)]))
+            gaps = []
+            for _ in range(DECODE_REPEATS):  # the least of them: noise only adds time
+                reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
+                                       tokens_per_word=tpw, first_index=index)
+                index += c
+                rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0,
+                                     timeout_s=600, ignore_eos=True)
+                if any(rec.errors):
+                    failed = next(e for e in rec.errors if e)
+                    raise StoreError(f"profile: a decode request failed ({failed})")
+                gaps.append(float(np.median([_median_gap_ms(rec, i) for i in range(c)])))
+            gap = min(gaps)
             prompt = float(np.mean(rec.prompt_tokens))
             rows_p.append(0)
             rows_d.append(c)
@@ -376,6 +384,22 @@ async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: 
     k = int(np.argmax(gaps))
     context = float(np.mean(rec.prompt_tokens)) + k + 1
     return int(joined.prompt_tokens[0]), c * context, float(gaps[k]) / 1e6
+
+
+async def probe_decode_ms(session: aiohttp.ClientSession, ep: Endpoint, tpw: float,
+                          index: int) -> float:
+    """One decode stream after a 32-token prompt, the lesser median gap of two runs: the
+    profile's first decode row again, to see whether the server's speed has moved."""
+    gaps = []
+    for k in range(DECODE_REPEATS):
+        reqs = random_requests(1, input_len=DECODE_PROMPTS[0], output_len=DECODE_TOKENS,
+                               tokens_per_word=tpw, first_index=index + k)
+        rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0,
+                             timeout_s=600, ignore_eos=True)
+        if rec.errors[0]:
+            raise StoreError(f"probe: a decode request failed ({rec.errors[0]})")
+        gaps.append(_median_gap_ms(rec, 0))
+    return min(gaps)
 
 
 def simulate_same(rec: RunRecords, limits: ServerLimits, profile: Profile,
@@ -449,8 +473,11 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                               TOLERANCE["saturation"])
         say(f"saturation: {sat_measured:.2f} req/s measured, {sat_pred:.2f} predicted")
         rates = []
+        profiled = profile.step_ms[profile.decode_seqs.index(1)]  # c = 1 after 32 tokens
         for k, share in enumerate(shares):
             rate = share * sat_measured
+            probed = await probe_decode_ms(session, ep, tpw, 20_000_000 + 10 * k)
+            drift = (probed - profiled) / profiled * 100
             before = await read_metrics(session, ep.base)
             rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),
                                  seed=seed + k + 1, timeout_s=600, ignore_eos=True)
@@ -460,9 +487,10 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             metrics = compute(rec)
             figures = _figures(rec, sim, profile.overhead_ms)
             steps_measured = counters.get("llamacpp:n_decode_total")
-            notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms)
+            notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
+                              drift)
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
-                                    metrics.send_late_p99_ms, metrics.failed, notes))
+                                    metrics.send_late_p99_ms, metrics.failed, notes, drift))
             say(f"{share:.0%} of saturation ({rate:.2f}/s): "
                 + ", ".join(f"{f.name} {f.error_pct:+.1f}%" for f in figures
                             if "p50" in f.name))
@@ -471,8 +499,12 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
 
 
 def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float | None,
-              late_p99_ms: float) -> tuple[str, ...]:
+              late_p99_ms: float, drift_pct: float = 0.0) -> tuple[str, ...]:
     notes = []
+    if abs(drift_pct) > DRIFT_NOTE_PCT:
+        notes.append(f"server speed: a decode step took {drift_pct:+.0f}% against the "
+                     "profile just before this step (the machine's speed moved; the "
+                     "prediction uses the profile)")
     if late_p99_ms > 10:
         notes.append(f"client: sent up to {late_p99_ms:.1f} ms late (p99); the client, not "
                      "the server, may have limited this step")
