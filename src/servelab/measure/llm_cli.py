@@ -186,10 +186,11 @@ def _write(out: Path, report: Any) -> None:
     """result.json (the whole run) and step-K.json in `vllm bench serve --save-result`'s
     shape, with its per-request lists, so scripts that read vLLM's files read these."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
+    whole = report.to_dict()
+    (out / "result.json").write_text(json.dumps(whole, indent=1, default=str))
     date = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     for k, (step, rec) in enumerate(zip(report.steps, report.records, strict=True)):
-        d = {"date": date, "endpoint_type": report.to_dict()["endpoint_type"],
+        d = {"date": date, "endpoint_type": whole["endpoint_type"],
              "label": None, "model_id": report.endpoint.model, "tokenizer_id": None,
              **step.to_dict(),
              "input_lens": [int(x) for x in rec.prompt_tokens],

@@ -62,7 +62,7 @@ from servelab.measure.llm_load import (
     tokens_per_word,
 )
 from servelab.measure.llm_metrics import RunRecords, compute
-from servelab.measure.llm_workload import random_requests
+from servelab.measure.llm_workload import LlmRequest, random_requests
 
 TOLERANCE = {"p50": 10.0, "p90": 15.0, "p99": 20.0, "throughput": 5.0, "saturation": 10.0}
 PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-batches
@@ -241,7 +241,7 @@ class LlmValidationReport:
                 "limits": {"rule": str(lim.rule), "slots": lim.slots,
                            "ctx_per_slot": lim.ctx_per_slot,
                            "max_num_batched_tokens": lim.max_num_batched_tokens,
-                           "source": lim.source},
+                           "num_blocks": lim.scheduler().num_blocks, "source": lim.source},
                 "profile": self.profile.to_dict(), "saturation": self.saturation.to_dict(),
                 "rates": [r.to_dict() for r in self.rates],
                 "workload": {"input_tokens": self.input_tokens,
@@ -309,10 +309,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
                                first_index=index)
         index += 2
         for r in reqs:  # one at a time
-            rec = await run_step(session, ep, [r], LoadPlan(rate=math.inf), seed=0,
-                                 timeout_s=600, ignore_eos=True)
-            if rec.errors[0]:
-                raise StoreError(f"profile: a prefill request failed ({rec.errors[0]})")
+            rec = await _at_once(session, ep, [r], "a prefill")
             ttft_ms = (rec.chunk_ns[0][0] - rec.intended_ns[0]) / 1e6
             server_ms = (float(rec.server_prompt_ms[0]) if rec.server_prompt_ms is not None
                          else -1.0)
@@ -327,19 +324,8 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     levels = sorted({1, 2, limits.slots})
     for prompt_len in DECODE_PROMPTS:
         for c in levels:
-            gaps = []
-            for _ in range(DECODE_REPEATS):  # the least of them: noise only adds time
-                reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
-                                       tokens_per_word=tpw, first_index=index)
-                index += c
-                rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0,
-                                     timeout_s=600, ignore_eos=True)
-                if any(rec.errors):
-                    failed = next(e for e in rec.errors if e)
-                    raise StoreError(f"profile: a decode request failed ({failed})")
-                gaps.append(float(np.median([_median_gap_ms(rec, i) for i in range(c)])))
-            gap = min(gaps)
-            prompt = float(np.mean(rec.prompt_tokens))
+            gap, prompt = await _decode_step_ms(session, ep, c, prompt_len, tpw, index)
+            index += c * DECODE_REPEATS
             rows_p.append(0)
             rows_d.append(c)
             rows_k.append(c * (prompt + SKIP_GAPS + (DECODE_TOKENS - SKIP_GAPS) / 2))
@@ -371,35 +357,46 @@ async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: 
                               tokens_per_word=tpw, first_index=index)
     joiner = random_requests(1, input_len=prompt_len, output_len=2, tokens_per_word=tpw,
                              first_index=index + c)
-    running = asyncio.ensure_future(run_step(session, ep, streams, LoadPlan(rate=math.inf),
-                                             seed=0, timeout_s=600, ignore_eos=True))
+    running = asyncio.ensure_future(_at_once(session, ep, streams, "a mixed-step"))
     await asyncio.sleep(MIXED_DELAY_S)
-    joined = await run_step(session, ep, joiner, LoadPlan(rate=math.inf), seed=0,
-                            timeout_s=600, ignore_eos=True)
+    joined = await _at_once(session, ep, joiner, "a mixed-step")
     rec = await running
-    failed = [e for e in (*rec.errors, *joined.errors) if e]
-    if failed:
-        raise StoreError(f"profile: a mixed-step request failed ({failed[0]})")
     gaps = np.diff(rec.chunk_ns[0])
     k = int(np.argmax(gaps))
     context = float(np.mean(rec.prompt_tokens)) + k + 1
     return int(joined.prompt_tokens[0]), c * context, float(gaps[k]) / 1e6
 
 
-async def probe_decode_ms(session: aiohttp.ClientSession, ep: Endpoint, tpw: float,
-                          index: int) -> float:
-    """One decode stream after a 32-token prompt, the lesser median gap of two runs: the
-    profile's first decode row again, to see whether the server's speed has moved."""
+async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmRequest],
+                   what: str) -> RunRecords:
+    """The requests sent together; a StoreError naming the first failure."""
+    rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0, timeout_s=600,
+                         ignore_eos=True)
+    failed = [e for e in rec.errors if e]
+    if failed:
+        raise StoreError(f"profile: {what} request failed ({failed[0]})")
+    return rec
+
+
+async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
+                          prompt_len: int, tpw: float, index: int) -> tuple[float, float]:
+    """c decode streams at once after prompts of `prompt_len`: the median gap mid-stream,
+    the least of DECODE_REPEATS runs (noise only adds time), and the prompts' mean tokens.
+    Uses the prompt indices index .. index + c * DECODE_REPEATS."""
     gaps = []
     for k in range(DECODE_REPEATS):
-        reqs = random_requests(1, input_len=DECODE_PROMPTS[0], output_len=DECODE_TOKENS,
-                               tokens_per_word=tpw, first_index=index + k)
-        rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0,
-                             timeout_s=600, ignore_eos=True)
-        if rec.errors[0]:
-            raise StoreError(f"probe: a decode request failed ({rec.errors[0]})")
-        gaps.append(_median_gap_ms(rec, 0))
-    return min(gaps)
+        reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
+                               tokens_per_word=tpw, first_index=index + k * c)
+        rec = await _at_once(session, ep, reqs, "a decode")
+        gaps.append(float(np.median([_median_gap_ms(rec, i) for i in range(c)])))
+    return min(gaps), float(np.mean(rec.prompt_tokens))
+
+
+async def probe_decode_ms(session: aiohttp.ClientSession, ep: Endpoint, tpw: float,
+                          index: int) -> float:
+    """The profile's first decode row again (one stream after a 32-token prompt), to see
+    whether the server's speed has moved."""
+    return (await _decode_step_ms(session, ep, 1, DECODE_PROMPTS[0], tpw, index))[0]
 
 
 def simulate_same(rec: RunRecords, limits: ServerLimits, profile: Profile,

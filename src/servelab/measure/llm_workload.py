@@ -41,11 +41,10 @@ _INDEX_WORDS = 3  # words spelling a request's index: 342**3 = 40M prompts
 
 @dataclass(frozen=True, slots=True)
 class LlmRequest:
-    """One request of a run: the prompt text, the prompt length the workload aimed at
-    (tokens, as estimated before the server counts them) and the output tokens asked for."""
+    """One request of a run: the prompt text and the output tokens asked for (the prompt's
+    tokens are the server's to count: its usage says)."""
 
     prompt: str
-    prompt_tokens_est: int
     max_tokens: int
 
 
@@ -126,8 +125,7 @@ def random_requests(n: int, *, input_len: int, output_len: int, range_ratio: flo
         body_words = max(_INDEX_WORDS, round(int(in_lens[i]) / tokens_per_word))
         body = _index_words(first_index + i) + list(vocab[rng.integers(0, vocab.size,
                                                          body_words - _INDEX_WORDS)])
-        out.append(LlmRequest(" ".join(prefix + body), prefix_len + int(in_lens[i]),
-                              int(out_lens[i])))
+        out.append(LlmRequest(" ".join(prefix + body), int(out_lens[i])))
     return out
 
 
@@ -171,7 +169,7 @@ def sharegpt_requests(path: Path, n: int, *, tokens_per_word: float = 1.3,
         o = output_len or round(len(reply.split()) * tokens_per_word)
         if p < 4 or o < 4 or p > 1024 or p + o > 2048:  # vLLM's ShareGPT filters
             continue
-        out.append(LlmRequest(prompt, p, min(o, MAX_OUTPUT_TOKENS)))
+        out.append(LlmRequest(prompt, min(o, MAX_OUTPUT_TOKENS)))
         if len(out) == n:
             break
     if not out:
@@ -181,7 +179,7 @@ def sharegpt_requests(path: Path, n: int, *, tokens_per_word: float = 1.3,
     return _cycle(out, n)
 
 
-def jsonl_requests(path: Path, n: int, *, tokens_per_word: float = 1.3) -> list[LlmRequest]:
+def jsonl_requests(path: Path, n: int) -> list[LlmRequest]:
     """Requests from a JSONL file of {"prompt": str, "output_tokens": int}, in order (and
     from the start again when it has fewer lines than `n`)."""
     _check_len("--num-prompts", n, 1, MAX_PROMPTS)
@@ -199,8 +197,7 @@ def jsonl_requests(path: Path, n: int, *, tokens_per_word: float = 1.3) -> list[
             raise invalid(f"--dataset-path line {k}", line, '{"prompt": "...", '
                           f'"output_tokens": 1 to {MAX_OUTPUT_TOKENS:,}}}',
                           "fix that line of the JSONL file")
-        out.append(LlmRequest(row["prompt"], round(len(row["prompt"].split()) *
-                                                   tokens_per_word), row["output_tokens"]))
+        out.append(LlmRequest(row["prompt"], row["output_tokens"]))
         if len(out) == n:
             break
     if not out:

@@ -38,7 +38,6 @@ class StreamTiming:
     prompt_tokens: int = -1  # from usage; -1 when the server did not say
     output_tokens: int = -1
     cached_tokens: int = -1  # prompt tokens served from the server's cache, when it tells
-    text_chars: int = 0
     server_prompt_ms: float = -1.0  # llama.cpp's timings.prompt_ms: its prompt's compute
 
 
@@ -91,7 +90,6 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, *,
                      out: StreamTiming) -> None:
     """Send `body` to `url` and read its SSE stream into `out` (never raises for the
     server's or the network's faults: `out.error` says what went wrong)."""
-    max_chunks = 4 * max_tokens + 64
     try:
         async with asyncio.timeout(timeout_s):
             out.sent_ns = time.monotonic_ns()
@@ -101,7 +99,7 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, *,
                     text = (await resp.content.read(200)).decode("utf-8", "replace")
                     out.error = f"http {resp.status}: {' '.join(text.split())[:120]}"
                     return
-                await _read_events(resp, out, max_chunks, max_bytes)
+                await _read_events(resp, out, max_tokens, max_bytes)
     except TimeoutError:
         out.error = f"timeout after {timeout_s:g} s"
     except aiohttp.ClientConnectorError as exc:
@@ -116,8 +114,9 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, *,
         out.done_ns = time.monotonic_ns()
 
 
-async def _read_events(resp: aiohttp.ClientResponse, out: StreamTiming, max_chunks: int,
+async def _read_events(resp: aiohttp.ClientResponse, out: StreamTiming, max_tokens: int,
                        max_bytes: int) -> None:
+    max_chunks = 4 * max_tokens + 64  # room for role, usage and empty chunks; never endless
     seen_bytes = 0
     events = 0
     done = False
@@ -128,17 +127,15 @@ async def _read_events(resp: aiohttp.ClientResponse, out: StreamTiming, max_chun
             out.error = f"response over {max_bytes:,} bytes"
             return
         line = raw.strip()
-        if not line or line.startswith(b":"):
-            continue
         if not line.startswith(b"data:"):
-            continue  # event:, id:, retry: fields carry no payload here
+            continue  # blank lines, comments, event:, id:, retry: carry no payload here
         data = line[5:].strip()
         if data == b"[DONE]":
             done = True
             break
         events += 1
         if events > max_chunks:
-            out.error = f"stream over {max_chunks:,} chunks for max_tokens {max_chunks // 4 - 16}"
+            out.error = f"stream over {max_chunks:,} chunks for max_tokens {max_tokens}"
             return
         try:
             event = json.loads(data)
@@ -155,7 +152,6 @@ async def _read_events(resp: aiohttp.ClientResponse, out: StreamTiming, max_chun
         text = _token_text(event)
         if text:
             out.chunk_ns.append(now)
-            out.text_chars += len(text)
         _take_usage(event, out)
     if not done:
         out.error = "stream ended without [DONE]"

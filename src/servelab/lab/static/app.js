@@ -655,12 +655,12 @@ function readLlmValidation(text) {
   const lim = r && r.limits;
   if (!sm || !lim || !Array.isArray(r.rates) || !r.rates.length) throw fail("no profile, limits and rates");
   const terms = ["base_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms"];
-  if (!terms.every((k) => num(sm[k]) !== null) || num(lim.slots) === null || num(lim.ctx_per_slot) === null) throw fail("a step model or limit is missing");
+  if (!terms.every((k) => num(sm[k]) !== null) || num(lim.slots) === null || num(lim.num_blocks) === null) throw fail("a step model or limit is missing");
   const figure = (rate, name) => { const f = (rate.figures || []).find((g) => g && g.name === name); return f ? num(f.measured) : null; };
   const w = r.workload || {};
   return {
     fit: { ...Object.fromEntries(terms.map((k) => [k, sm[k]])), overhead_ms: num(r.profile.overhead_ms) || 0,
-      num_blocks: Math.ceil(lim.slots * Math.ceil(lim.ctx_per_slot / 16)), label: String(r.endpoint || "").slice(0, 200) },
+      num_blocks: lim.num_blocks, label: String(r.endpoint || "").slice(0, 200) },
     slots: lim.slots, batched: num(lim.max_num_batched_tokens) || 2048,
     prompt: num(w.mean_prompt_tokens) || num(w.input_tokens) || 512, output: num(w.mean_output_tokens) || num(w.output_tokens) || 256,
     rate: r.rates.map((x) => num(x.offered_per_s)),
