@@ -229,8 +229,9 @@ app.command("drift")(drift_command)
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]
 KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", "--kv-cache-dtype",
                                                 help="auto, fp16, bf16, fp8, int8, int4.")]
-WDtypeOpt = Annotated[str | None, typer.Option("--weight-dtype",
-                                               help="auto, bf16, fp16, fp8, int8, int4.")]
+WDtypeOpt = Annotated[str | None, typer.Option(
+    "--weight-dtype", "--quantization",
+    help="auto, bf16, fp16, fp8, int8, int4 (vLLM's --quantization: AWQ and GPTQ are int4).")]
 CtxOpt = Annotated[int | None, typer.Option("--context", "--max-model-len",
                                             help="Tokens per session.")]
 TpOpt = Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
@@ -293,10 +294,15 @@ from servelab.measure.llm_cli import validate as llm_validate_command  # noqa: E
 
 llm_app.command("load")(llm_load_command)
 llm_app.command("validate")(llm_validate_command)
+# the roofline's constants: [llm] keys, llm simulate flags, StepParams fields
+STEP_KEYS = ("compute_efficiency", "memory_efficiency", "overhead_ms",
+             "prefill_first_overhead_ms", "per_seq_ms", "overlap", "allreduce_latency_us",
+             "frontend_ms")
 _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "max_num_batched_tokens": "llm.max_num_batched_tokens",
              "rate": "llm.request_rate", "num_requests": "llm.num_requests",
              "arrival": "llm.arrival", "max_concurrency": "llm.max_concurrency",
+             "burstiness": "llm.burstiness",
              "prompt_tokens": "llm.prompt_tokens",
              "prompt_tokens_p99": "llm.prompt_tokens_p99",
              "output_tokens": "llm.output_tokens", "output_tokens_p99": "llm.output_tokens_p99",
@@ -305,7 +311,9 @@ _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "prefix_tokens": "llm.prefix_tokens", "prefix_hit_share": "llm.prefix_hit_share",
              "ttft_p99_ms": "llm.ttft_p99_slo_ms", "tpot_p99_ms": "llm.tpot_p99_slo_ms",
              "step_profile": "llm.step_profile_csv", "lengths": "llm.lengths_csv",
-             "num_gpu_blocks_override": "llm.num_gpu_blocks_override"}
+             "num_gpu_blocks_override": "llm.num_gpu_blocks_override",
+             "scheduler": "llm.scheduler",
+             **{k: f"llm.{k}" for k in STEP_KEYS}}
 
 RateOpt = Annotated[float | None, typer.Option(
     "--rate", "--request-rate",
@@ -323,6 +331,9 @@ OutputP99Opt = Annotated[float | None, typer.Option(
     help="Output p99 (log-normal; default: fixed).")]
 
 
+BurstOpt = Annotated[float | None, typer.Option(
+    help="vllm bench serve's --burstiness: gamma-shaped gaps, 1 is Poisson, lower is "
+         "burstier ([llm] burstiness).")]
 StepProfileOpt = Annotated[Path | None, typer.Option(
     "--step-profile", help="A measured step profile instead of the roofline: a CSV of "
     "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).")]
@@ -352,7 +363,7 @@ def _llm_workload(s: Scenario, llm: LlmPool, seed: int) -> Any:
                                    MAX_REQUESTS, "--lengths", MAX_TOKENS_PER_REQUEST)
     return Workload(lengths=lengths, request_rate=llm.request_rate, num_requests=llm.num_requests,
                     arrival=llm.arrival, max_concurrency=llm.max_concurrency,
-                    prompt_tokens=llm.prompt_tokens,
+                    burstiness=llm.burstiness, prompt_tokens=llm.prompt_tokens,
                     prompt_tokens_p99=llm.prompt_tokens_p99, output_tokens=llm.output_tokens,
                     output_tokens_p99=llm.output_tokens_p99, seed=seed)
 
@@ -373,10 +384,40 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
 
 def _serving_options(s: Scenario, llm: LlmPool) -> dict[str, Any]:
     """The scheduler's switches and the step model, as `serve_llm` and `plan_llm` take them."""
+    from servelab.llm.serving import StepParams
+
+    given = {k: getattr(llm, k) for k in STEP_KEYS if getattr(llm, k) is not None}
     return {"enable_chunked_prefill": llm.enable_chunked_prefill,
             "enable_prefix_caching": llm.enable_prefix_caching,
             "prefix_tokens": llm.prefix_tokens, "prefix_hit_share": llm.prefix_hit_share,
-            "step_profile": _step_profile(s, llm)}
+            "step_profile": _step_profile(s, llm), "step_params": StepParams(**given),
+            "prefill_first": llm.scheduler == "prefill-first"}
+
+
+StepOpts = {
+    "compute_efficiency": "Share of peak FLOPs the step's GEMMs reach ([llm] "
+                          "compute_efficiency; default fitted to published runs).",
+    "memory_efficiency": "Share of HBM bandwidth a step's reads reach.",
+    "overhead_ms": "Fixed time per step (scheduler, launches) of vLLM V1.",
+    "prefill_first_overhead_ms": "The same for --scheduler prefill-first engines.",
+    "per_seq_ms": "Time per scheduled sequence a step (sampling, bookkeeping).",
+    "overlap": "p of the p-norm joining the compute and memory sides (large: the max).",
+    "allreduce_latency_us": "Fixed time of each tensor-parallel all-reduce.",
+    "frontend_ms": "Time a request spends outside the steps (HTTP, tokenizing), added to "
+                   "TTFT and end-to-end latency.",
+}
+SchedulerOpt = Annotated[str | None, typer.Option(
+    help="The engine's step loop: v1 (vLLM V1, mixed steps) or prefill-first (vLLM V0 "
+         "without chunked prefill, SGLang) ([llm] scheduler, default v1).")]
+CompEffOpt = Annotated[float | None, typer.Option(help=StepOpts["compute_efficiency"])]
+MemEffOpt = Annotated[float | None, typer.Option(help=StepOpts["memory_efficiency"])]
+OverheadOpt = Annotated[float | None, typer.Option(help=StepOpts["overhead_ms"])]
+PfOverheadOpt = Annotated[float | None, typer.Option(
+    help=StepOpts["prefill_first_overhead_ms"])]
+PerSeqOpt = Annotated[float | None, typer.Option(help=StepOpts["per_seq_ms"])]
+OverlapOpt = Annotated[float | None, typer.Option(help=StepOpts["overlap"])]
+ArLatOpt = Annotated[float | None, typer.Option(help=StepOpts["allreduce_latency_us"])]
+FrontOpt = Annotated[float | None, typer.Option(help=StepOpts["frontend_ms"])]
 
 
 @llm_app.command("simulate")
@@ -399,6 +440,7 @@ def llm_simulate(
         help="A closed loop: at most this many requests out at once, each sent when one "
         "finishes, as `vllm bench serve --max-concurrency` (with --rate inf: all ready at "
         "once). Default 0: open loop.")] = None,
+    burstiness: BurstOpt = None,
     prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
     lengths: LengthsOpt = None,
@@ -415,28 +457,40 @@ def llm_simulate(
         help="Tokens of the shared prefix ([llm] prefix_tokens).")] = None,
     prefix_hit_share: Annotated[float | None, typer.Option(
         help="Share of requests that start with the shared prefix.")] = None,
-    compute_efficiency: Annotated[float, typer.Option(
-        help="Share of peak FLOPs a prefill reaches.")] = 0.7,
-    memory_efficiency: Annotated[float, typer.Option(
-        help="Share of HBM bandwidth a decode reaches.")] = 0.8,
-    overhead_ms: Annotated[float, typer.Option(help="Scheduler/launch time per step.")] = 0.5,
+    scheduler: SchedulerOpt = None,
+    compute_efficiency: CompEffOpt = None, memory_efficiency: MemEffOpt = None,
+    overhead_ms: OverheadOpt = None, prefill_first_overhead_ms: PfOverheadOpt = None,
+    per_seq_ms: PerSeqOpt = None, overlap: OverlapOpt = None,
+    allreduce_latency_us: ArLatOpt = None, frontend_ms: FrontOpt = None,
     step_profile: StepProfileOpt = None,
     num_gpu_blocks_override: Annotated[int | None, typer.Option(
         help="KV blocks per replica as given, not sized from memory (vLLM's flag; "
              "[llm] num_gpu_blocks_override).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
+    save_result: Annotated[Path | None, typer.Option(
+        "--save-result", help="Also write the run as `vllm bench serve --save-result` "
+        "does (per-request lengths included), which `llm fit` reads.")] = None,
+    goodput: Annotated[list[str] | None, typer.Option(
+        help="SLOs for goodput as vLLM's bench takes them, e.g. --goodput ttft:500 "
+             "--goodput tpot:50 (ms; ttft, tpot, e2el).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Continuous batching under vLLM v1's scheduler: TTFT, TPOT, end-to-end latency,
     tokens per second, preemptions and $ per 1M tokens (roofline or measured step times)."""
-    from servelab.llm.serving import serve_llm
+    from servelab.llm.fit import vllm_result, write_json
+    from servelab.llm.serving import request_goodput, serve_llm
+    from servelab.measure.llm_metrics import parse_goodput
 
+    slo = parse_goodput(goodput or [])
     s, llm, spec = _llm_spec(dict(locals()))
-    report = serve_llm(spec, _llm_workload(s, llm, seed), replicas=llm.replicas,
-                       compute_efficiency=compute_efficiency,
-                       memory_efficiency=memory_efficiency, overhead_ms=overhead_ms,
-                       **_serving_options(s, llm))
+    workload = _llm_workload(s, llm, seed)
+    report = serve_llm(spec, workload, replicas=llm.replicas, **_serving_options(s, llm))
     d = report.to_dict()
+    if slo:
+        d["request_goodput"] = request_goodput(report.per_request, slo)
+    if save_result is not None:
+        write_json(save_result, {**vllm_result(report, workload, report.per_request),
+                                 **({"request_goodput": d["request_goodput"]} if slo else {})})
     if as_json:
         _emit_json(d)
         return
@@ -457,8 +511,93 @@ def llm_simulate(
     cost = d["cost_per_million_output_usd"]
     stdout.print(f"${cost:,.2f} per 1M output tokens" if cost is not None else
                  "no output tokens served", highlight=False)
+    if slo:
+        stdout.print(f"goodput {d['request_goodput']:.2f} requests/s meeting "
+                     + ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items()), highlight=False)
     for n in d["notes"]:
         stdout.print(f"note: {n}", highlight=False)
+
+
+@llm_app.command("fit")
+def llm_fit(
+    results: Annotated[list[Path], typer.Argument(
+        help="`vllm bench serve --save-result` JSON files (or `llm simulate --save-result`'s) "
+             "of one deployment at several loads.")],
+    scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
+    weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
+    tp: Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
+                                           help="The server's tensor-parallel size.")] = None,
+    gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="The server's max_num_seqs.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="The server's max_num_batched_tokens.")] = None,
+    scheduler: SchedulerOpt = None,
+    max_evals: Annotated[int, typer.Option(help="Simulations the fit may run.")] = 300,
+    out: Annotated[Path | None, typer.Option(
+        help="Write the scenario with the fitted constants, for `llm simulate --scenario`.")
+                   ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit the step model's constants to your own measured runs (the server's settings
+    from the flags or the scenario); the fitted model then predicts other loads."""
+    from servelab.files import write_text
+    from servelab.llm.fit import fit, predict, run_from_vllm_result
+    from servelab.scenario import scenario_to_toml
+
+    params = dict(locals())
+    s, llm, spec = _llm_spec({**params, "seed": 0, "step_profile": None, "lengths": None})
+    opts = _serving_options(s, llm)
+    runs = [run_from_vllm_result(p, spec, opts["prefill_first"]) for p in results[:64]]
+    res = fit(runs, opts["step_params"], max_evals=max_evals)
+    rows: list[dict[str, Any]] = [{"run": r.label, "figure": f, "measured": v, "fitted": pred[f],
+             "error": pred[f] / v - 1}
+            for r in runs for pred in [predict(r, res.params)] for f, v in r.measured.items()]
+    fitted = {n: getattr(res.params, n) for n in res.fitted}
+    if out is not None:
+        write_text(out, scenario_to_toml(replace(s, llm=replace(llm, **fitted))), "--out")
+    if as_json:
+        _emit_json({"fitted": fitted, "rms_log_error": res.rms_log_error,
+                    "evaluations": res.evaluations, "runs": rows})
+        return
+    t = Table(title=f"fitted to {len(runs)} run(s) in {res.evaluations} simulations "
+                    f"(rms log error {res.rms_log_error:.3f})", title_justify="left")
+    for c in ("run", "figure", "measured", "fitted", "error"):
+        t.add_column(c, justify="left" if c in ("run", "figure") else "right")
+    for r in rows:
+        t.add_row(r["run"], r["figure"], f"{r['measured']:,.2f}", f"{r['fitted']:,.2f}",
+                  f"{r['error']:+.1%}")
+    stdout.print(t)
+    stdout.print(", ".join(f"{k} = {v:.4g}" for k, v in fitted.items()), highlight=False)
+    if out is not None:
+        stdout.print(f"wrote {out}: `servelab llm simulate --scenario {out}` runs the fit",
+                     highlight=False)
+
+
+@llm_app.command("published")
+def llm_published(as_json: JsonOpt = False) -> None:
+    """The simulator beside published vLLM and SGLang measurements: every case the step
+    model's defaults were fitted on or are held to, with its source and the error."""
+    from servelab.llm.published import compare
+    from servelab.llm.serving import StepParams
+
+    rows = compare(StepParams())
+    out: list[dict[str, Any]] = [{"case": r.case.id, "engine": r.case.engine, "use": r.case.use,
+            "figure": r.figure, "measured": r.measured, "predicted": r.predicted,
+            "error": r.error, "modelled": r.modelled,
+            "why_not": r.case.not_modelled.get(r.figure), "source": r.case.source}
+           for r in rows]
+    if as_json:
+        _emit_json(out)
+        return
+    t = Table(title="published measurements beside `llm simulate` (servelab/data/"
+                    "published_llm.toml)", title_justify="left")
+    for c in ("case", "engine", "use", "figure", "measured", "predicted", "error"):
+        t.add_column(c, justify="right" if c in ("measured", "predicted", "error") else "left")
+    for r in out:
+        t.add_row(r["case"], r["engine"], r["use"], r["figure"], f"{r['measured']:,.2f}",
+                  f"{r['predicted']:,.2f}",
+                  f"{r['error']:+.1%}" + ("" if r["modelled"] else " (not modelled)"))
+    stdout.print(t)
 
 
 @llm_app.command("plan")

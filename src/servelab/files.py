@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from servelab.errors import InputError, cut
+from servelab.errors import InputError, cut, invalid
 
 # A scenario, a config.json or a feature repo is a few KiB; traces and profiles may be
 # larger. Anything past this is not what the field is for (or is /dev/zero).
@@ -153,3 +153,12 @@ def read_csv_columns(path: str | Path, field: str, columns: tuple[str, ...], *,
                          "fix: save it as comma-separated text") from None
     arr = np.array(rows, dtype=np.float64).reshape(-1, len(columns))
     return {c: arr[:, k].copy() for k, c in enumerate(columns)}
+
+
+def write_text(path: str | Path, text: str, field: str) -> None:
+    """Write a file a user named, or an InputError naming the flag, the path and why."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise invalid(field, cut(str(path)), "a file servelab can write",
+                      f"choose another path ({exc.strerror or exc})") from None

@@ -217,8 +217,11 @@ class LlmPool:
     tp: int = 0
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    # None: vLLM V1's `vllm serve` default for the GPU (EngineArgs.get_batch_defaults):
+    # 8,192 tokens and 1,024 sequences on a GPU of 70 GiB or more other than the A100,
+    # else 2,048 and 256
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
     gpu_memory_gb: float | None = None
     weights_gb: float | None = None
     # Serving (`servelab llm simulate|plan`): the workload, the scheduler's switches, SLOs.
@@ -226,6 +229,7 @@ class LlmPool:
     num_requests: int = 2000
     arrival: str = "poisson"  # poisson or constant
     max_concurrency: int = 0  # > 0: at most this many requests out (vLLM bench's closed loop)
+    burstiness: float = 1.0  # vLLM bench's: gamma-shaped gaps (1: Poisson)
     prompt_tokens: float = 512.0  # mean; with a p99 the lengths are log-normal
     prompt_tokens_p99: float | None = None
     output_tokens: float = 256.0
@@ -233,13 +237,26 @@ class LlmPool:
     lengths_csv: str | None = None  # prompt_tokens,output_tokens per request instead
     replicas: int = 1
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True  # vLLM V1's default (with no shared prefix it does nothing)
     prefix_tokens: int = 0
     prefix_hit_share: float = 0.0
     ttft_p99_slo_ms: float = 1000.0
     tpot_p99_slo_ms: float = 50.0
     step_profile_csv: str | None = None  # a measured step profile instead of the roofline
     num_gpu_blocks_override: int | None = None  # vLLM's: KV blocks per replica, as measured
+    # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step) or
+    # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone)
+    scheduler: str = "v1"
+    # The roofline's constants (None: the defaults fitted to published measurements;
+    # `servelab llm fit` writes a user's own)
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    overhead_ms: float | None = None
+    prefill_first_overhead_ms: float | None = None
+    per_seq_ms: float | None = None
+    overlap: float | None = None
+    allreduce_latency_us: float | None = None
+    frontend_ms: float | None = None
 
     @property
     def tensor_parallel(self) -> int:
@@ -390,6 +407,19 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
         raise invalid(name, v, f"one of {', '.join(choices)}", f"use one of {', '.join(choices)}")
 
     return conv
+
+
+_WEIGHT_DTYPES = _choice("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
+# vLLM's --quantization methods by the width they store weights at
+_QUANT_METHODS = {"awq": "int4", "gptq": "int4", "awq_marlin": "int4", "gptq_marlin": "int4",
+                  "marlin": "int4", "bitsandbytes": "int4", "fbgemm_fp8": "fp8",
+                  "compressed-tensors": "auto"}
+
+
+def _weight_dtype(name: str, v: Any) -> str:
+    if isinstance(v, str) and v.lower() in _QUANT_METHODS:
+        return _QUANT_METHODS[v.lower()]
+    return str(_WEIGHT_DTYPES(name, v))
 
 
 def _int_list(name: str, v: Any) -> tuple[int, ...]:
@@ -562,19 +592,20 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "config": _config_table,
         "kv_dtype": _choice("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2",
                             "int8", "int4"),
-        "weight_dtype": _choice("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4"),
+        "weight_dtype": _weight_dtype,
         "context_tokens": _int(1, 10_000_000),
         "gpu": _opt(_str),
         "num_gpus": _int(1, MAX_GPUS),
         "tp": _int(0, 1024),
         "gpu_memory_utilization": _num(0, 1, strict_lo=True),
         "block_size": _int(1, 1024),
-        "max_num_batched_tokens": _int(1, 10_000_000),
-        "max_num_seqs": _int(1, 1_000_000),
+        "max_num_batched_tokens": _opt(_int(1, 10_000_000)),
+        "max_num_seqs": _opt(_int(1, 1_000_000)),
         "gpu_memory_gb": _opt(_num(0, 1e6, strict_lo=True)),
         "weights_gb": _opt(_num(0, 1e9)),
         "request_rate": _rate,
         "max_concurrency": _int(0, 100_000),
+        "burstiness": _num(0.01, 100),
         "num_requests": _int(1, 1_000_000),
         "arrival": _choice("poisson", "constant"),
         "prompt_tokens": _num(1, 10_000_000),
@@ -591,6 +622,15 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "tpot_p99_slo_ms": _num(0, 3_600_000, strict_lo=True),
         "step_profile_csv": _opt(_str),
         "num_gpu_blocks_override": _opt(_int(1, 100_000_000)),
+        "scheduler": _choice("v1", "prefill-first"),
+        "compute_efficiency": _opt(_num(0.001, 1)),
+        "memory_efficiency": _opt(_num(0.001, 1)),
+        "overhead_ms": _opt(_num(0, 1000)),
+        "prefill_first_overhead_ms": _opt(_num(0, 1000)),
+        "per_seq_ms": _opt(_num(0, 100)),
+        "overlap": _opt(_num(1, 1000)),
+        "allreduce_latency_us": _opt(_num(0, 100_000)),
+        "frontend_ms": _opt(_num(0, 60_000)),
     }),
 }
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from servelab.catalog import get_gpu
+from servelab.catalog import GpuSpec, get_gpu, resolve_gpu_name
 from servelab.errors import invalid
 from servelab.llm.kv import KV_DTYPES, PoolReport, PoolSpec, longest_context, size_pool
 from servelab.llm.models import get_model, model_from_config
@@ -29,6 +29,25 @@ from servelab.scenario import LlmPool, Scenario
 MAX_PAGING_REQUESTS = 100_000
 MAX_DECODE_TOKENS = 10_000_000  # generated tokens per strategy (~30 s each at worst)
 MAX_POOL_TOKENS = 100_000_000  # the block pool's books are Python lists
+
+
+def _gpu(s: Scenario, p: LlmPool) -> GpuSpec:
+    """[llm] gpu, or [hardware] gpu when unset; [hardware]'s figure overrides (bandwidth,
+    interconnect, price...) apply when both name the same GPU."""
+    if p.gpu is None or resolve_gpu_name(p.gpu, "[llm] gpu") == resolve_gpu_name(
+            s.hardware.gpu):
+        return s.hardware.spec()
+    return get_gpu(p.gpu)
+
+
+def vllm_serve_defaults(gpu: GpuSpec) -> tuple[int, int]:
+    """vLLM V1's max_num_batched_tokens and max_num_seqs for `vllm serve` on this GPU
+    (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults): the larger pair on GPUs of
+    70 GiB or more, except the A100 (a larger budget lowered its throughput, vLLM PR
+    #17885)."""
+    if gpu.runtime_memory_gib() >= 70 and not gpu.key.upper().startswith("A100"):
+        return 8192, 1024
+    return 2048, 256
 
 
 def pool_spec(s: Scenario, *, memory_runtime_gib: float | None = None,
@@ -49,9 +68,15 @@ def pool_spec(s: Scenario, *, memory_runtime_gib: float | None = None,
                 v > 0 or name != "--memory-gib")):
             raise invalid(name, v, f"a number of GiB {'>' if name == '--memory-gib' else '>='} "
                           f"{lo:g} and <= {hi:g}", f"give {name} as a positive size in GiB")
+    gpu = _gpu(s, p)
+    tokens, seqs = vllm_serve_defaults(gpu)
+    defaults = tuple(f"{name} {v:,}" for name, v, given in (
+        ("max_num_batched_tokens", tokens, p.max_num_batched_tokens),
+        ("max_num_seqs", seqs, p.max_num_seqs)) if given is None)
     return PoolSpec(
         model=model,
-        gpu=get_gpu(p.gpu or s.hardware.gpu),
+        gpu=gpu,
+        defaults=defaults,
         kv_dtype=p.kv_dtype,
         weight_dtype=p.weight_dtype,
         context_tokens=p.context_tokens,
@@ -59,8 +84,8 @@ def pool_spec(s: Scenario, *, memory_runtime_gib: float | None = None,
         tp=p.tensor_parallel,
         gpu_memory_utilization=p.gpu_memory_utilization,
         block_size=p.block_size,
-        max_num_batched_tokens=p.max_num_batched_tokens,
-        max_num_seqs=p.max_num_seqs,
+        max_num_batched_tokens=p.max_num_batched_tokens or tokens,
+        max_num_seqs=p.max_num_seqs or seqs,
         memory_runtime_gib=memory_runtime_gib,
         weights_gib=weights_gib,
         activation_gib=activation_gib,

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -75,9 +75,52 @@ KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 # test_roofline_sides_against_gemms_measured_on_an_h200); 0.5 made them 37-54% slow, and
 # left a published vLLM concurrency sweep's gain 15% short (README, LLM serving). Memory:
 # weights read once reached 0.71-0.82 of HBM bandwidth on the same H200.
-COMPUTE_EFFICIENCY = 0.7
-MEMORY_EFFICIENCY = 0.8
+COMPUTE_EFFICIENCY = 0.467
+MEMORY_EFFICIENCY = 0.8005
+OVERHEAD_MS = 0.5
+PER_SEQ_MS = 0.0193
+OVERLAP = math.inf
+ALLREDUCE_LATENCY_US = 38.71
+PREFILL_FIRST_OVERHEAD_MS = 1.692
+FRONTEND_MS = 11.51
 Z99 = 2.3263478740408408
+
+
+@dataclass(frozen=True, slots=True)
+class StepParams:
+    """The roofline's stated constants: what `llm fit` fits and the published cases set
+    (servelab/data/published_llm.toml, docs/llm.md)."""
+
+    compute_efficiency: float = COMPUTE_EFFICIENCY
+    memory_efficiency: float = MEMORY_EFFICIENCY
+    overhead_ms: float = OVERHEAD_MS
+    # the same for the prefill-first engines (vLLM 0.6.0, SGLang 0.3.0), whose loop
+    # spent more time outside the GPU a step than vLLM V1's
+    prefill_first_overhead_ms: float = PREFILL_FIRST_OVERHEAD_MS
+    per_seq_ms: float = PER_SEQ_MS
+    overlap: float = OVERLAP
+    allreduce_latency_us: float = ALLREDUCE_LATENCY_US
+    link_efficiency: float = 0.7
+    # Outside the steps: HTTP, tokenizing, queuing for the engine loop, the first token's
+    # detokenizing. Added to each request's TTFT and end-to-end latency (`llm validate`
+    # measures the same on a live server).
+    frontend_ms: float = FRONTEND_MS
+
+    def check(self) -> None:
+        for name, v, lo, hi in (("--compute-efficiency", self.compute_efficiency, 1e-3, 1.0),
+                                ("--memory-efficiency", self.memory_efficiency, 1e-3, 1.0),
+                                ("--overhead-ms", self.overhead_ms, 0.0, 1000.0),
+                                ("--prefill-first-overhead-ms",
+                                 self.prefill_first_overhead_ms, 0.0, 1000.0),
+                                ("--per-seq-ms", self.per_seq_ms, 0.0, 100.0),
+                                ("--overlap", self.overlap, 1.0, math.inf),
+                                ("--allreduce-latency-us", self.allreduce_latency_us, 0.0,
+                                 1e5),
+                                ("--link-efficiency", self.link_efficiency, 1e-3, 1.0),
+                                ("--frontend-ms", self.frontend_ms, 0.0, 60_000.0)):
+            if math.isnan(v) or not lo <= v <= hi:
+                raise invalid(name, v, f"a number from {lo:g} to {hi:g}",
+                              f"give {name} within that range")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +143,32 @@ class StepModel:
     link_bytes_per_s: float = 0.0  # GPU-to-GPU, one direction
     link_efficiency: float = 0.7
     allreduce_latency_s: float = 0.000006
+    # How the two sides combine: (compute^p + memory^p)^(1/p). inf is the plain max();
+    # finite p charges a step near the ridge for both (measured GEMMs there ran 29-34%
+    # slower than the max, docs/llm.md)
+    overlap: float = math.inf
+    per_seq_s: float = 0.0  # per scheduled sequence: sampling, scheduler, detokenizing
+    lm_head_flops: float = 0.0  # per sampled token (the LM head runs for those only)
 
     kind = "roofline"
 
     def step_s(self, tokens: int, attn_context: float, kv_tokens_read: float,
-               decode_seqs: int = 0) -> float:
-        flops = tokens * self.flops_per_token + attn_context * self.attn_flops_per_context_token
+               decode_seqs: int = 0, seqs: int = 0) -> float:
+        """`seqs` scheduled sequences each sample a token (a prompt's last chunk or a
+        decode); 0 counts the decodes."""
+        seqs = seqs or decode_seqs
+        flops = (tokens * self.flops_per_token + attn_context * self.attn_flops_per_context_token
+                 + seqs * self.lm_head_flops)
         data = self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token
-        return max(flops / (self.peak_flops * self.compute_efficiency),
-                   data / (self.hbm_bytes_per_s * self.memory_efficiency)
-                   ) + self.overhead_s + self.allreduce_s(tokens)
+        c = flops / (self.peak_flops * self.compute_efficiency)
+        m = data / (self.hbm_bytes_per_s * self.memory_efficiency)
+        if math.isinf(self.overlap):
+            both = max(c, m)
+        else:
+            hi = max(c, m)
+            both = hi * ((c / hi) ** self.overlap + (m / hi) ** self.overlap) ** (
+                1 / self.overlap) if hi > 0 else 0.0
+        return both + self.overhead_s + seqs * self.per_seq_s + self.allreduce_s(tokens)
 
     def allreduce_s(self, tokens: int) -> float:
         """A ring all-reduce moves 2 (tp - 1) / tp of the data through each GPU's link; each
@@ -121,13 +180,18 @@ class StepModel:
             self.allreduce_latency_s + moved / (self.link_bytes_per_s * self.link_efficiency))
 
     @classmethod
-    def roofline(cls, spec: PoolSpec, *, compute_efficiency: float = COMPUTE_EFFICIENCY,
-                 memory_efficiency: float = MEMORY_EFFICIENCY, overhead_ms: float = 0.5,
-                 link_efficiency: float = 0.7, allreduce_latency_us: float = 6.0
-                 ) -> StepModel:
+    def roofline(cls, spec: PoolSpec, params: StepParams | None = None,
+                 prefill_first: bool = False) -> StepModel:
         """FLOPs count the parameters a token passes through (a mixture of experts' active
-        ones); bytes count every weight (a batch of tokens touches nearly every expert)."""
+        ones) less the embedding table (a lookup, not a GEMM) and the LM head, which runs
+        only for the tokens a step samples; bytes count every weight (a batch of tokens
+        touches nearly every expert)."""
+        p = params or StepParams()
+        p.check()
         m, g, tp = spec.model, spec.gpu, spec.tp
+        head = float(m.vocab_size) * m.hidden_size
+        # an untied model holds the table twice (embedding, LM head); a tied one once
+        gemm_params = max(m.parameters_per_token - 2 * head, 0.5 * m.parameters_per_token)
         kv_dtype = resolve_kv_dtype(spec.kv_dtype, m)
         w = (spec.weights_gib * 2**30 if spec.weights_gib is not None
              else weights_bytes(m, spec.weight_dtype))
@@ -139,20 +203,24 @@ class StepModel:
         return cls(
             weight_bytes=w / tp,
             kv_bytes_per_token=bytes_per_token_per_gpu(m, kv_dtype, tp),
-            flops_per_token=2.0 * m.parameters_per_token / tp,
+            flops_per_token=2.0 * gemm_params / tp,
+            lm_head_flops=2.0 * head / tp,
             attn_flops_per_context_token=4.0 * m.num_layers * m.num_attention_heads
             * m.head_dim / tp,
             peak_flops=peak * 1e12,
             hbm_bytes_per_s=g.hbm_bandwidth_tbps * 1e12,
-            compute_efficiency=compute_efficiency,
-            memory_efficiency=memory_efficiency,
-            overhead_s=overhead_ms / 1e3,
+            compute_efficiency=p.compute_efficiency,
+            memory_efficiency=p.memory_efficiency,
+            overhead_s=(p.prefill_first_overhead_ms if prefill_first else p.overhead_ms)
+            / 1e3,
+            per_seq_s=p.per_seq_ms / 1e3,
+            overlap=p.overlap,
             tp=tp,
             allreduces_per_step=2 * m.num_layers if tp > 1 else 0,
             allreduce_bytes_per_token=2.0 * m.hidden_size,  # bf16 activations
             link_bytes_per_s=(g.interconnect_gbps or 0.0) * 1e9,
-            link_efficiency=link_efficiency,
-            allreduce_latency_s=allreduce_latency_us / 1e6,
+            link_efficiency=p.link_efficiency,
+            allreduce_latency_s=p.allreduce_latency_us / 1e6,
         )
 
 
@@ -181,7 +249,7 @@ class ProfileStepModel:
     kind = "profile"
 
     def step_s(self, tokens: int, attn_context: float, kv_tokens_read: float,
-               decode_seqs: int = 0) -> float:
+               decode_seqs: int = 0, seqs: int = 0) -> float:
         return (self.base_ms + self.per_prefill_token_ms * (tokens - decode_seqs)
                 + self.per_decode_seq_ms * decode_seqs
                 + self.per_kv_token_ms * kv_tokens_read) / 1e3
@@ -239,6 +307,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool = False
     prefix_tokens: int = 0
     prefix_hit_share: float = 0.0
+    # vLLM V0 without chunked prefill and SGLang by default: a step that can admit a
+    # waiting prompt runs only new prompts (whole); running decodes wait for it
+    prefill_first: bool = False
 
     def check(self) -> None:
         for name, v, lo, hi in (("num_blocks", self.num_blocks, 1, 100_000_000),
@@ -362,6 +433,28 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         if slots is not None:
             slots.append(at)
 
+    def admit(sched: list[tuple[int, int]], budget: int, whole: bool) -> int:
+        """Admit waiting requests first come, first served while budget, max_num_seqs
+        and free blocks allow; `whole`: a prompt that does not fit the rest of the budget
+        waits for a step with room. Returns the budget left."""
+        nonlocal free
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            i = waiting[0]
+            remaining = prompt[i] + gen[i] - computed[i]
+            new = min(remaining, budget)
+            if new < remaining and whole and remaining <= cfg.max_num_batched_tokens:
+                break
+            need = blocks_for(i, computed[i] + new) - held[i]
+            if need > free:
+                break
+            waiting.popleft()
+            free -= need
+            held[i] += need
+            running.append(i)
+            sched.append((i, new))
+            budget -= new
+        return budget
+
     while finished < n:
         while nxt < n and next_send() <= t:
             i = nxt
@@ -369,7 +462,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             if slots is not None:
                 arrival[i] = max(drawn[i], slots.popleft())
             if blocks_for(i, prompt[i] + output[i]) > pool or (
-                    not cfg.enable_chunked_prefill
+                    (cfg.prefill_first or not cfg.enable_chunked_prefill)
                     and prompt[i] - start_of(i) > cfg.max_num_batched_tokens):
                 rejected[i] = True
                 finished += 1
@@ -389,7 +482,9 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         budget = cfg.max_num_batched_tokens
         sched: list[tuple[int, int]] = []  # (request, new tokens)
         preempted = False
-        k = 0
+        if cfg.prefill_first:
+            budget = admit(sched, budget, whole=True)
+        k = len(running) if sched else 0  # a prefill-only step leaves the decodes waiting
         while k < len(running) and budget > 0:
             i = running[k]
             new = min(prompt[i] + gen[i] - computed[i], budget)
@@ -413,23 +508,8 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 k += 1
                 continue
             break  # this request was preempted itself
-        if not preempted:
-            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                i = waiting[0]
-                remaining = prompt[i] + gen[i] - computed[i]
-                new = min(remaining, budget)
-                if new < remaining and not cfg.enable_chunked_prefill and \
-                        remaining <= cfg.max_num_batched_tokens:
-                    break  # whole prompts only: it waits for a step with room
-                need = blocks_for(i, computed[i] + new) - held[i]
-                if need > free:
-                    break
-                waiting.popleft()
-                free -= need
-                held[i] += need
-                running.append(i)
-                sched.append((i, new))
-                budget -= new
+        if not preempted and not cfg.prefill_first:
+            budget = admit(sched, budget, whole=not cfg.enable_chunked_prefill)
         if not sched:
             if preempted:  # a request preempted itself; the next pass admits afresh
                 steps -= 1
@@ -453,7 +533,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             else:
                 prefill_tok += new
         decode_tok += decodes
-        dt = model.step_s(tokens, attn, kv_read, decodes)
+        dt = model.step_s(tokens, attn, kv_read, decodes, len(sched))
         t += dt
         busy += dt
         running_sum += len(running)
@@ -503,6 +583,9 @@ class Workload:
     output_tokens_p99: float | None = None
     seed: int = 0
     max_concurrency: int = 0  # > 0: a closed loop of that many clients (vLLM bench's)
+    # vllm bench serve's --burstiness: gaps are gamma with this shape (1: Poisson; below 1
+    # burstier, above 1 more even), the same mean rate
+    burstiness: float = 1.0
     # (prompt, output) token counts read from a CSV, used in order and from the start
     # again when there are fewer rows than requests; instead of the fixed/log-normal ones
     lengths: tuple[np.ndarray, np.ndarray] | None = None
@@ -524,11 +607,15 @@ class Workload:
         if self.arrival not in ("poisson", "constant"):
             raise invalid("--arrival", self.arrival, "poisson or constant",
                           "e.g. --arrival poisson")
+        if not (math.isfinite(self.burstiness) and 0.01 <= self.burstiness <= 100):
+            raise invalid("--burstiness", self.burstiness, "a gamma shape from 0.01 to 100 "
+                          "(1: Poisson)", "e.g. --burstiness 1")
         rng = np.random.default_rng(self.seed)
         n = self.num_requests
         gaps = (np.zeros(n) if closed_inf  # every request ready at once; the loop paces
-                else rng.exponential(1 / self.request_rate, n) if self.arrival == "poisson"
-                else np.full(n, 1 / self.request_rate))
+                else np.full(n, 1 / self.request_rate) if self.arrival == "constant"
+                else rng.exponential(1 / self.request_rate, n) if self.burstiness == 1
+                else rng.gamma(self.burstiness, 1 / (self.request_rate * self.burstiness), n))
         if self.lengths is not None:
             rows = np.arange(n) % self.lengths[0].size
             prompt, output = self.lengths[0][rows], self.lengths[1][rows]
@@ -566,12 +653,30 @@ class ServingReport:
     step_model: dict[str, float]
     kv_usage: dict[str, list[float]]
     notes: tuple[str, ...] = ()
+    # each request's figures (seconds) and lengths, and the run's span: what
+    # `--save-result` writes in vLLM's keys; not part of the report's JSON
+    per_request: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("per_request")
         d["notes"] = list(self.notes)
         out: dict[str, Any] = jsonable(d)
         return out
+
+
+def request_goodput(per_request: dict[str, Any], slo_ms: dict[str, float]) -> float:
+    """Served requests per second that meet every SLO given (`ttft`, `tpot`, `e2el`, ms),
+    as `vllm bench serve --goodput` counts them (a one-token answer's TPOT is 0)."""
+    ttft, e2e = per_request["ttft_s"], per_request["e2e_s"]
+    served = np.isfinite(ttft)
+    tpot = np.nan_to_num(per_request["tpot_s"], nan=0.0)
+    meets = served.copy()
+    for key, x in (("ttft", ttft), ("tpot", tpot), ("e2el", e2e)):
+        if key in slo_ms:
+            meets &= np.where(served, x, np.inf) <= slo_ms[key] / 1e3
+    span = float(per_request["duration_s"])
+    return float(meets.sum()) / span if span > 0 else 0.0
 
 
 def _pcts(x: np.ndarray) -> dict[str, float]:
@@ -585,9 +690,11 @@ def _pcts(x: np.ndarray) -> dict[str, float]:
 def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               enable_chunked_prefill: bool = True, enable_prefix_caching: bool = False,
               prefix_tokens: int = 0, prefix_hit_share: float = 0.0,
-              compute_efficiency: float = COMPUTE_EFFICIENCY,
-              memory_efficiency: float = MEMORY_EFFICIENCY, overhead_ms: float = 0.5,
-              step_profile: ProfileStepModel | None = None) -> ServingReport:
+              compute_efficiency: float | None = None,
+              memory_efficiency: float | None = None, overhead_ms: float | None = None,
+              step_profile: ProfileStepModel | None = None,
+              step_params: StepParams | None = None,
+              prefill_first: bool = False) -> ServingReport:
     """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
     among them at random (a Poisson stream split at random stays Poisson). Step times
     come from the roofline, or from `step_profile` (a measured profile, fitted) when
@@ -598,12 +705,11 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         raise invalid("--max-concurrency", workload.max_concurrency, "one replica (how a "
                       "load balancer spreads a closed loop over replicas is not modelled)",
                       "--replicas 1, or an open-loop --rate without --max-concurrency")
-    for name, v in (("--compute-efficiency", compute_efficiency),
-                    ("--memory-efficiency", memory_efficiency)):
-        if not (math.isfinite(v) and 0 < v <= 1):
-            raise invalid(name, v, "a fraction in (0, 1]", f"e.g. {name} 0.5")
-    if not (math.isfinite(overhead_ms) and 0 <= overhead_ms <= 1000):
-        raise invalid("--overhead-ms", overhead_ms, "0 to 1,000 ms", "e.g. --overhead-ms 0.5")
+    params = step_params or StepParams()
+    params = replace(params, **{k: v for k, v in (
+        ("compute_efficiency", compute_efficiency), ("memory_efficiency", memory_efficiency),
+        ("overhead_ms", overhead_ms)) if v is not None})
+    params.check()
     heads = spec.model.num_attention_heads
     if heads % spec.tp:
         raise invalid("--tp", spec.tp, f"a divisor of the model's {heads} attention heads "
@@ -614,14 +720,15 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         raise invalid("KV pool", 0, "at least one block", "more GPUs (--tp), a smaller "
                       "model or KV dtype, or a higher --gpu-memory-utilization")
     model: StepModel | ProfileStepModel = step_profile or StepModel.roofline(
-        spec, compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
-        overhead_ms=overhead_ms)
+        spec, params, prefill_first)
+    frontend_s = params.frontend_ms / 1e3
     cfg = SchedulerConfig(num_blocks=pool.num_blocks, block_size=spec.block_size,
                           max_num_seqs=spec.max_num_seqs,
                           max_num_batched_tokens=spec.max_num_batched_tokens,
                           enable_chunked_prefill=enable_chunked_prefill,
                           enable_prefix_caching=enable_prefix_caching,
-                          prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share)
+                          prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share,
+                          prefill_first=prefill_first)
     req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
     which = np.random.default_rng(workload.seed + 1).integers(0, replicas, req.arrival_s.size)
     parts = []
@@ -639,7 +746,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     busy = end = run_sum = 0.0
     steps = 0
     for sel, res in parts:
-        ttft[sel], tpot[sel], e2e[sel] = res.ttft_s, res.tpot_s, res.e2e_s
+        ttft[sel], tpot[sel], e2e[sel] = (res.ttft_s + frontend_s, res.tpot_s,
+                                          res.e2e_s + frontend_s)
         sent[sel] = res.sent_s
         rejected[sel] = res.rejected
         pre += int(res.preemptions.sum())
@@ -661,9 +769,14 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                  f"token + {model.per_decode_seq_ms:.3g} ms per decode sequence + "
                  f"{model.per_kv_token_ms:.3g} ms per KV token read"]
     else:
+        overlap = ("the larger" if math.isinf(params.overlap)
+                   else f"a {params.overlap:g}-norm")
         notes = ["step time is a roofline with stated efficiencies (compute "
-                 f"{compute_efficiency:g}, memory {memory_efficiency:g}, {overhead_ms:g} ms a "
-                 "step" + (f"; {spec.tp}-way all-reduces at {spec.gpu.interconnect_gbps:g} GB/s"
+                 f"{params.compute_efficiency:g}, memory {params.memory_efficiency:g}, "
+                 f"{overlap} of the two; {model.overhead_s * 1e3:g} ms a step and "
+                 f"{params.per_seq_ms:g} ms a sequence; {params.frontend_ms:g} ms outside "
+                 "the steps a request"
+                 + (f"; {spec.tp}-way all-reduces at {spec.gpu.interconnect_gbps:g} GB/s"
                            f", {model.link_efficiency:g} efficiency, "
                            f"{model.allreduce_latency_s * 1e6:g} us each"
                            if spec.tp > 1 else "") + ")"]
@@ -671,6 +784,9 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
             notes.append(f"mixture of experts: FLOPs count the "
                          f"{spec.model.active_parameters / 1e9:.1f}B active parameters, "
                          f"memory reads all {spec.model.num_parameters / 1e9:.1f}B")
+    if spec.defaults:
+        notes.append(f"vLLM V1's defaults for {spec.gpu.key} (vllm serve): "
+                     + ", ".join(spec.defaults))
     if workload.lengths is not None:
         rows = workload.lengths[0].size
         notes.append(f"prompt and output lengths from the CSV's {rows:,} rows, in order"
@@ -704,6 +820,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                   "blocks": first_res.kv_blocks.tolist() if first_res else [],
                   "preempt_time_s": first_res.preempt_time_s.tolist() if first_res else []},
         notes=tuple(notes),
+        per_request={"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "prompt": req.prompt,
+                     "output": req.output, "duration_s": span},
     )
 
 
@@ -720,7 +838,11 @@ def _step_model_dict(model: StepModel | ProfileStepModel) -> dict[str, Any]:
             "flops_per_token_per_gpu": model.flops_per_token,
             "peak_tflops": model.peak_flops / 1e12,
             "hbm_tbps": model.hbm_bytes_per_s / 1e12,
-            "allreduce_ms_batch1": model.allreduce_s(1) * 1e3}
+            "allreduce_ms_batch1": model.allreduce_s(1) * 1e3,
+            "compute_efficiency": model.compute_efficiency,
+            "memory_efficiency": model.memory_efficiency, "overlap": model.overlap,
+            "overhead_ms": model.overhead_s * 1e3, "per_seq_ms": model.per_seq_s * 1e3,
+            "allreduce_latency_us": model.allreduce_latency_s * 1e6}
 
 
 @dataclass(frozen=True, slots=True)

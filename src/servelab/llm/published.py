@@ -1,0 +1,158 @@
+"""Published serving measurements, and how far the simulator is from each.
+
+The cases live in ``servelab/data/published_llm.toml`` (each with its source); this module
+runs a case the way its source ran it (deployment, engine settings, load, lengths) and
+compares the simulator's medians and throughput to the measured ones. The step model's
+constants (``StepParams``) are fitted on the cases marked "fit" with ``servelab.llm.fit``
+(bench/fit_published_llm.py) and held to the "hold-out" ones
+(tests/unit/test_llm_published.py; the table in docs/llm.md).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from servelab.catalog import get_gpu
+from servelab.llm.fit import FIGURES as FIT_FIGURES
+from servelab.llm.fit import Run, predict
+from servelab.llm.kv import PoolSpec
+from servelab.llm.models import get_model
+from servelab.llm.serving import StepParams, Workload
+
+FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s", "output_tokens_per_s_gain")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    id: str
+    engine: str
+    source: str
+    model: str
+    gpu: str
+    tp: int
+    scheduler: str  # "prefill-first" or "v1"
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    request_rate: float
+    num_prompts: int
+    max_concurrency: int
+    lengths: tuple[np.ndarray, np.ndarray] | None
+    prompt_tokens: int
+    output_tokens: int
+    measured: dict[str, float]
+    not_modelled: dict[str, str]
+    gain_over: str | None
+    use: str  # "fit" or "hold-out"
+
+    def figures(self) -> list[str]:
+        """The measured figures the model is compared on (not the ones it leaves out)."""
+        return [f for f in FIGURES if f in self.measured and f not in self.not_modelled]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    case: Case
+    figure: str
+    measured: float
+    predicted: float
+    modelled: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+
+@cache
+def _raw() -> dict[str, Any]:
+    text = resources.files("servelab.data").joinpath("published_llm.toml").read_text("utf-8")
+    return tomllib.loads(text)
+
+
+@cache
+def _lengths(name: str) -> tuple[np.ndarray, np.ndarray]:
+    csv = _raw()["workloads"][name]["csv"]
+    text = resources.files("servelab.data").joinpath(csv).read_text("utf-8")
+    rows = np.array([line.split(",") for line in text.split()[1:]], dtype=np.int64)
+    return rows[:, 0], rows[:, 1]
+
+
+def cases() -> list[Case]:
+    out = []
+    for c in _raw()["case"]:
+        measured = {k: float(v) for k, v in c["measured"].items() if k != "gain_over"}
+        out.append(Case(
+            id=c["id"], engine=c["engine"], source=c["source"], model=c["model"],
+            gpu=c["gpu"], tp=int(c["tp"]), scheduler=c["scheduler"],
+            max_num_batched_tokens=int(c["max_num_batched_tokens"]),
+            max_num_seqs=int(c["max_num_seqs"]),
+            gpu_memory_utilization=float(c["gpu_memory_utilization"]),
+            request_rate=float(c["request_rate"]), num_prompts=int(c["num_prompts"]),
+            max_concurrency=int(c.get("max_concurrency", 0)),
+            lengths=_lengths(c["workload"]) if "workload" in c else None,
+            prompt_tokens=int(c.get("prompt_tokens", 0)),
+            output_tokens=int(c.get("output_tokens", 0)),
+            measured=measured, not_modelled=dict(c.get("not_modelled", {})),
+            gain_over=c["measured"].get("gain_over"), use=c["use"]))
+    return out
+
+
+def _lengths_for(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The case's requests drawn from its length sample, with replacement (the benchmark
+    clients sample their dataset the same way, prompts in random order)."""
+    if case.lengths is None:
+        return None
+    pick = np.random.default_rng(seed).integers(0, case.lengths[0].size, case.num_prompts)
+    return case.lengths[0][pick], case.lengths[1][pick]
+
+
+def to_run(case: Case, seed: int = 0) -> Run:
+    """The case as `llm fit` takes a run: its deployment, load and modelled figures."""
+    spec = PoolSpec(model=get_model(case.model), gpu=get_gpu(case.gpu), tp=case.tp,
+                    num_gpus=case.tp, gpu_memory_utilization=case.gpu_memory_utilization,
+                    max_num_batched_tokens=case.max_num_batched_tokens,
+                    max_num_seqs=case.max_num_seqs, context_tokens=4096)
+    w = Workload(request_rate=case.request_rate, num_requests=case.num_prompts,
+                 prompt_tokens=case.prompt_tokens or 512,
+                 output_tokens=case.output_tokens or 256, seed=seed,
+                 max_concurrency=case.max_concurrency, lengths=_lengths_for(case, seed))
+    measured = {f: case.measured[f] for f in case.figures() if f in FIT_FIGURES}
+    return Run(case.id, spec, w, case.scheduler == "prefill-first", measured)
+
+
+def simulate_case(case: Case, params: StepParams, seed: int = 0) -> dict[str, float]:
+    """The simulator's figures for one case: TTFT and TPOT medians (ms), output tokens/s."""
+    return predict(to_run(case, seed), params)
+
+
+def compare(params: StepParams, only: str | None = None, seed: int = 0) -> list[Row]:
+    """Every case's figures, measured beside predicted (`only`: "fit" or "hold-out")."""
+    all_cases = cases()
+    by_id = {c.id: c for c in all_cases}
+    sims: dict[str, dict[str, float]] = {}
+
+    def sim(c: Case) -> dict[str, float]:
+        if c.id not in sims:
+            sims[c.id] = simulate_case(c, params, seed)
+        return sims[c.id]
+
+    rows = []
+    for c in all_cases:
+        if only and c.use != only:
+            continue
+        for fig in FIGURES:
+            if fig not in c.measured:
+                continue
+            if fig == "output_tokens_per_s_gain":
+                base = by_id[c.gain_over or ""]
+                pred = (sim(c)["output_tokens_per_s"] / sim(base)["output_tokens_per_s"])
+            else:
+                pred = sim(c)[fig]
+            rows.append(Row(c, fig, c.measured[fig], pred, fig not in c.not_modelled))
+    return rows

@@ -1,0 +1,94 @@
+"""The LLM simulator held to published serving measurements (servelab/data/
+published_llm.toml, every case with its source): the step model's default constants were
+fitted on the cases marked "fit" (bench/fit_published_llm.py); these tests hold the
+"hold-out" ones, which the fit never saw, and check the case file itself."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from servelab.llm.published import cases, compare, to_run
+from servelab.llm.serving import StepParams
+
+HOLD_OUT_BOUND = 0.15  # the issue's bar: medians and saturated throughput within 15%
+# Hold-out figures that miss the bar today, with the bound they do hold and why; the
+# table in docs/llm.md shows them too. Empty means every hold-out figure meets 15%.
+KNOWN_MISSES: dict[tuple[str, str], float] = {}
+
+
+@pytest.fixture(scope="module")
+def rows():  # type: ignore[no-untyped-def]
+    return compare(StepParams())
+
+
+def test_every_case_names_its_source_engine_and_use():
+    seen = set()
+    for c in cases():
+        assert c.id not in seen
+        seen.add(c.id)
+        assert c.source, c.id
+        assert c.engine, c.id
+        assert c.use in ("fit", "hold-out"), c.id
+        assert c.scheduler in ("v1", "prefill-first"), c.id
+        assert c.figures() or c.not_modelled, c.id
+        for fig in c.not_modelled:
+            assert fig in c.measured, (c.id, fig)
+    uses = {c.use for c in cases()}
+    assert uses == {"fit", "hold-out"}
+
+
+def test_the_sharegpt_sample_is_the_one_described():
+    """303 rows of vLLM benchmark_serving's ShareGPT sample (Llama 3 tokenizer): the
+    source file's totals less the 17 requests recorded with 0 output tokens."""
+    c = next(c for c in cases() if c.lengths is not None)
+    assert c.lengths is not None
+    prompt, output = c.lengths
+    assert prompt.size == output.size == 303
+    assert int(prompt.sum()) == 58_753
+    assert int(output.sum()) == 65_331
+    assert prompt.max() <= 1024
+    assert (prompt + output).max() <= 2048
+    assert (prompt >= 1).all()
+    assert (output >= 1).all()
+
+
+def test_hold_out_cases_within_fifteen_percent(rows):  # type: ignore[no-untyped-def]
+    misses = []
+    for r in rows:
+        if r.case.use != "hold-out" or not r.modelled:
+            continue
+        bound = KNOWN_MISSES.get((r.case.id, r.figure), HOLD_OUT_BOUND)
+        if abs(r.error) > bound:
+            misses.append(f"{r.case.id} {r.figure}: measured {r.measured:g}, predicted "
+                          f"{r.predicted:.4g} ({r.error:+.1%}, bound {bound:.0%})")
+    assert not misses, "\n".join(misses)
+
+
+def test_fit_cases_are_reproduced(rows):  # type: ignore[no-untyped-def]
+    """The fit's own cases: a fit that leaves one far off is a model that cannot say it."""
+    for r in rows:
+        if r.case.use == "fit" and r.modelled:
+            assert abs(r.error) <= HOLD_OUT_BOUND, (r.case.id, r.figure, r.error)
+
+
+def test_every_configuration_is_covered_by_a_hold_out(rows):  # type: ignore[no-untyped-def]
+    held = {(r.case.model, r.case.gpu, r.case.tp) for r in rows
+            if r.case.use == "hold-out" and r.modelled}
+    assert ("llama-3.1-8b", "A100-80GB", 1) in held
+    assert ("llama-3.1-70b", "H100-SXM", 4) in held
+    assert any(gpu == "H100-SXM" and tp == 1 for _, gpu, tp in held)
+
+
+def test_a_case_runs_as_its_source_ran_it():
+    c = next(c for c in cases() if c.id == "sglang-8b-a100-r8")
+    run = to_run(c)
+    assert run.prefill_first
+    assert run.workload.request_rate == 8
+    assert run.workload.num_requests == 2400
+    assert run.workload.lengths is not None
+    assert run.spec.gpu.key == "A100-80GB"
+    assert run.spec.max_num_batched_tokens == 8192
+    assert math.isclose(np.mean(run.workload.lengths[1]), 216, rel_tol=0.1)
