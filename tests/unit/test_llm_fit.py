@@ -166,15 +166,15 @@ def test_a_save_result_file_replays_to_the_same_figures(tmp_path):
 def test_fit_recovers_a_known_step_model_from_its_own_result_files(tmp_path):
     """Runs at two rates, a closed loop and long prompts, written by the simulator with
     known constants; the fit starts from the defaults and must reproduce every figure,
-    and a load it was not given, within 2%."""
+    and a load between them it was not given (6/s, 512-token prompts), within 2%."""
     runs = _known_runs(tmp_path, KNOWN)
-    res = fit(runs, max_evals=300)
+    res = fit(runs, max_evals=350)
     for run in runs:
         pred = predict(run, res.params)
         for fig, v in run.measured.items():
             assert pred[fig] == pytest.approx(v, rel=0.02), (run.label, fig, res.params)
     (tmp_path / "held").mkdir()
-    held = _known_runs(tmp_path / "held", KNOWN, [(6.0, 0, 512, 256, 200)])[0]
+    held = _known_runs(tmp_path / "held", KNOWN, [(6.0, 0, 512, 128, 200)])[0]
     pred = predict(held, res.params)
     for fig, v in held.measured.items():
         assert pred[fig] == pytest.approx(v, rel=0.02), (fig, res.params)

@@ -28,20 +28,29 @@ The scheduler (vllm/v1/core/sched/scheduler.py, ``Scheduler.schedule``), as mode
   later, first come first served; its TTFT and end-to-end latency count from the send.
 
 Step time (``StepModel``), per GPU of a tensor-parallel group:
-  FLOPs = 2 x parameters / tp per scheduled token
+  FLOPs = 2 x (parameters - embedding - LM head) / tp per scheduled token
+          + 2 x LM head / tp per sampled token (a decode, or a prompt's last chunk)
           + 4 x layers x heads x head_dim / tp per (token, context token) of attention
   bytes = the weights on the GPU, read once per step
           + each scheduled request's cached context, KV bytes per token per GPU
   time  = max(FLOPs / (peak x compute_efficiency), bytes / (HBM bandwidth x
-          memory_efficiency)) + overhead per step.
+          memory_efficiency)) (or their p-norm, `overlap`) + overhead per step
+          + per_seq per scheduled sequence.
   A mixture of experts counts its active parameters for FLOPs (those a token is routed
   through) and all of them for bytes. With tp > 1, each layer's two all-reduces add
   2 x layers x (latency + 2 (tp - 1) / tp x tokens x hidden x 2 bytes / (link bandwidth x
   link efficiency)), not overlapped with compute.
+  Each request also spends `frontend_ms` outside the steps (HTTP, tokenizing), added to
+  its TTFT and end-to-end latency. The constants (``StepParams``) are fitted to published
+  vLLM and SGLang runs (llm/published.py, bench/fit_published_llm.py); `llm fit` fits
+  them to a user's own.
 Or a measured step profile (``ProfileStepModel``): step_ms fitted to prefill tokens,
 decode sequences and KV tokens read from a user's own steps.
-Left out and stated: sampling and detokenization, CUDA graphs' padding, speculative
-decoding, expert-parallel all-to-all (experts are split by tensor parallelism).
+With ``prefill_first`` (vLLM V0 without chunked prefill, SGLang's default), a step that
+can admit a waiting prompt runs only whole new prompts; the decodes wait for it.
+Left out and stated: CUDA graphs' padding, speculative decoding, pipeline parallelism,
+expert-parallel all-to-all (experts are split by tensor parallelism), vLLM 0.6's
+multi-step scheduling.
 """
 
 from __future__ import annotations
@@ -70,19 +79,22 @@ MAX_TOKENS_PER_REQUEST = 10_000_000
 MAX_STEPS = 20_000_000
 MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
-# The roofline's stated efficiencies. Compute: a step's weight GEMMs over 512 and 2,048
-# tokens reached 0.69-0.77 of an H200's dense BF16 peak (bench/device/results/, held by
-# test_roofline_sides_against_gemms_measured_on_an_h200); 0.5 made them 37-54% slow, and
-# left a published vLLM concurrency sweep's gain 15% short (README, LLM serving). Memory:
-# weights read once reached 0.71-0.82 of HBM bandwidth on the same H200.
-COMPUTE_EFFICIENCY = 0.467
-MEMORY_EFFICIENCY = 0.8005
-OVERHEAD_MS = 0.5
-PER_SEQ_MS = 0.0193
+# The roofline's constants (StepParams' defaults), fitted 2026-12-01 by
+# bench/fit_published_llm.py to the published vLLM and SGLang runs marked "fit" in
+# servelab/data/published_llm.toml (rms log error 0.035 over 10 figures; the hold-out
+# figures, tests/unit/test_llm_published.py, within 15%). A whole step reaches less of
+# peak FLOPs (0.47: attention, norms, activations, sampling) than its weight GEMMs did on
+# an H200 (0.69-0.77, bench/device/results/); weights and KV are read at 0.83 of HBM
+# bandwidth (the GEMMs: 0.71-0.82). Fitted free within 1-8, the p-norm's p went to its
+# bound: the larger of the two sides (max) is the default.
+COMPUTE_EFFICIENCY = 0.4653
+MEMORY_EFFICIENCY = 0.8313
+OVERHEAD_MS = 0.6435  # a step of vLLM V1 (0.21-0.23), from its batch-1 runs
+PREFILL_FIRST_OVERHEAD_MS = 2.207  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
+PER_SEQ_MS = 0.01683
 OVERLAP = math.inf
-ALLREDUCE_LATENCY_US = 38.71
-PREFILL_FIRST_OVERHEAD_MS = 1.692
-FRONTEND_MS = 11.51
+ALLREDUCE_LATENCY_US = 37.91  # each of a step's 2 x layers all-reduces, H100 NVLink, tp 4
+FRONTEND_MS = 10.95  # a request outside the steps: HTTP, tokenizing, the first detokenize
 Z99 = 2.3263478740408408
 
 
