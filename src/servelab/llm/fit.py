@@ -81,7 +81,7 @@ def _to_params(x: np.ndarray, names: Sequence[str], base: StepParams) -> StepPar
     stays in bounds and a step moves it as much near a bound as in the middle (a
     logistic map flattens at its ends and strands a constant that starts there)."""
     bounds = {n: (lo, hi) for n, lo, hi in BOUNDS}
-    vals = {n: bounds[n][0] + (bounds[n][1] - bounds[n][0]) * (1 + math.sin(v)) / 2
+    vals = {n: bounds[n][0] + (bounds[n][1] - bounds[n][0]) * (1 + math.sin(float(v))) / 2
             for n, v in zip(names, x, strict=True)}
     return replace(base, **vals)
 
@@ -148,8 +148,8 @@ def fit(runs: Sequence[Run], start: StepParams | None = None,
     u0 = np.array([min(max((getattr(base, n) - bounds[n][0]) / (bounds[n][1] - bounds[n][0])
                            if math.isfinite(getattr(base, n)) else 1.0, 0.02), 0.98)
                    for n in names])
-    ls = least_squares(lambda u: errors(replace(base, **dict(zip(names, lo + span * u,
-                                                                 strict=True)))),
+    ls = least_squares(lambda u: errors(replace(base, **{
+                           n: float(v) for n, v in zip(names, lo + span * u, strict=True)})),
                        u0, bounds=(0.0, 1.0), diff_step=0.05,
                        max_nfev=max(1, min(100, max_evals // 3)))
     del ls  # its best point is kept by errors()
