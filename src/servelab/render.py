@@ -150,6 +150,9 @@ def kv_tables(r: KvReport) -> Group:
         "cudagraph_bytes", "kv_pool_bytes", "unused_bytes")))
     parts: list[Table] = [head, vram]
     notes = [*d["notes"], f"runtime memory: {mem['runtime_memory_source']}"]
+    if d["deployment"]["vllm_defaults_used"]:
+        notes.append(f"vLLM V1's defaults for {d['deployment']['gpu']} (vllm serve): "
+                     + ", ".join(d["deployment"]["vllm_defaults_used"]))
     note_t = Table(show_header=False, box=None)
     note_t.add_column()
     for n in notes:

@@ -262,8 +262,6 @@ def size_pool(p: PoolSpec) -> PoolReport:
     concurrency = num_blocks / math.ceil(per_req) if per_req else 0.0
     replicas = p.num_gpus // p.tp
     notes = []
-    if p.defaults:
-        notes.append(f"vLLM V1's defaults for {p.gpu.key} (vllm serve): " + ", ".join(p.defaults))
     if p.num_gpu_blocks_override is not None:
         notes.append(f"KV pool: {num_blocks:,} blocks as given (num_gpu_blocks_override, "
                      "vLLM's --num-gpu-blocks-override), not sized from memory")

@@ -127,6 +127,7 @@ class KvReport:
                 "block_size": p.block_size,
                 "max_num_batched_tokens": self.spec.max_num_batched_tokens,
                 "max_num_seqs": self.spec.max_num_seqs,
+                "vllm_defaults_used": list(self.spec.defaults),
             },
             "kv": {
                 "element_bytes": KV_DTYPES[p.kv_dtype][0],
