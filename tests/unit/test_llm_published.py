@@ -105,7 +105,7 @@ def test_llm_fit_predicts_a_held_out_published_rate_from_the_others():
     runs = [to_run(by_id[i]) for i in ("sglang-8b-a100-r4", "sglang-8b-a100-inf")]
     start = StepParams(compute_efficiency=0.7, memory_efficiency=0.8,
                        prefill_first_overhead_ms=0.5, per_seq_ms=0.0, frontend_ms=0.0)
-    res = fit(runs, start, max_evals=120)
+    res = fit(runs, start, max_evals=80)
     held = to_run(by_id["sglang-8b-a100-r8"])
     pred = predict(held, res.params)
     for fig, v in held.measured.items():

@@ -151,7 +151,9 @@ def fit(runs: Sequence[Run], start: StepParams | None = None,
     ls = least_squares(lambda u: errors(replace(base, **{
                            n: float(v) for n, v in zip(names, lo + span * u, strict=True)})),
                        u0, bounds=(0.0, 1.0), diff_step=0.05,
-                       max_nfev=max(1, min(100, max_evals // 3)))
+                       # each iteration also spends one simulation per constant on
+                       # its finite differences: a third of the budget in all
+                       max_nfev=max(1, min(100, max_evals // 3 // (len(names) + 1))))
     del ls  # its best point is kept by errors()
 
     # 2. Nelder-Mead from there (a simplex half a unit wide in sine-bounded coordinates),
