@@ -126,9 +126,8 @@ class Profile:
         blocks = limits.scheduler().num_blocks
         return f"""# Fitted by `servelab llm validate` against {endpoint} ({limits.rule} rule).
 # Step times come from steps.csv (fitted as validate fitted them) and the KV pool from
-# num_gpu_blocks_override; [llm] model and the GPU only name the deployment. Not in
-# llm simulate's figures: the {self.overhead_ms:.2f} ms a request spends outside the
-# steps (validate adds it to TTFT and E2EL).
+# num_gpu_blocks_override; [llm] model and the GPU only name the deployment;
+# frontend_ms is the time a request spent outside the steps (added to TTFT and E2EL).
 name = "fitted"
 description = "llm validate's fit of {endpoint}"
 
@@ -141,6 +140,7 @@ max_num_seqs = {limits.slots}
 max_num_batched_tokens = {limits.max_num_batched_tokens}
 enable_chunked_prefill = true
 enable_prefix_caching = false
+frontend_ms = {self.overhead_ms:.6g}
 request_rate = {rate:.6g}
 num_requests = 1000
 prompt_tokens = {prompt_tokens:.6g}
