@@ -489,7 +489,7 @@ def llm_simulate(
     if slo:
         d["request_goodput"] = request_goodput(report.per_request, slo)
     if save_result is not None:
-        write_json(save_result, {**vllm_result(report, workload, report.per_request),
+        write_json(save_result, {**vllm_result(report, workload),
                                  **({"request_goodput": d["request_goodput"]} if slo else {})})
     if as_json:
         _emit_json(d)
@@ -541,13 +541,16 @@ def llm_fit(
     """Fit the step model's constants to your own measured runs (the server's settings
     from the flags or the scenario); the fitted model then predicts other loads."""
     from servelab.files import write_text
-    from servelab.llm.fit import fit, predict, run_from_vllm_result
+    from servelab.llm.fit import MAX_RUNS, fit, predict, run_from_vllm_result
     from servelab.scenario import scenario_to_toml
 
     params = dict(locals())
     s, llm, spec = _llm_spec({**params, "seed": 0, "step_profile": None, "lengths": None})
     opts = _serving_options(s, llm)
-    runs = [run_from_vllm_result(p, spec, opts["prefill_first"]) for p in results[:64]]
+    if len(results) > MAX_RUNS:
+        raise invalid("RESULTS", f"{len(results)} files", f"at most {MAX_RUNS} runs",
+                      "fit on fewer loads")
+    runs = [run_from_vllm_result(p, spec, opts["prefill_first"]) for p in results]
     res = fit(runs, opts["step_params"], max_evals=max_evals)
     rows: list[dict[str, Any]] = [{"run": r.label, "figure": f, "measured": v, "fitted": pred[f],
              "error": pred[f] / v - 1}

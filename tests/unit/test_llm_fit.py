@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from servelab.errors import InputError
 from servelab.llm.fit import fit, predict, run_from_vllm_result, vllm_result
 from servelab.llm.serving import (
-    Requests,
     SchedulerConfig,
     StepModel,
     StepParams,
@@ -26,17 +25,7 @@ from servelab.llm.serving import (
     serve_llm,
     simulate_serving,
 )
-
-# 1 ms of weights a step, 0.01 ms of compute a token (as in test_llm_serving)
-FLAT = StepModel(weight_bytes=1e9, kv_bytes_per_token=0.0, flops_per_token=1e10,
-                 attn_flops_per_context_token=0.0, peak_flops=1e15, hbm_bytes_per_s=1e12,
-                 compute_efficiency=1.0, memory_efficiency=1.0, overhead_s=0.0)
-
-
-def reqs(arrivals, prompts, outputs) -> Requests:  # type: ignore[no-untyped-def]
-    n = len(arrivals)
-    return Requests(np.asarray(arrivals, float), np.asarray(prompts, np.int64),
-                    np.asarray(outputs, np.int64), np.zeros(n, bool))
+from tests.unit.test_llm_serving import FLAT, reqs  # 1 ms of weights, 0.01 ms a token
 
 
 def _spec(model: str = "llama-3.1-8b", gpu: str = "A100-80GB", tp: int = 1):  # type: ignore[no-untyped-def]
@@ -149,7 +138,7 @@ def _known_runs(tmp: Path, params: StepParams, loads=LOADS):  # type: ignore[no-
                      max_concurrency=conc, seed=k)
         rep = serve_llm(spec, w, step_params=params)
         path = tmp / f"run-{k}.json"
-        path.write_text(json.dumps(vllm_result(rep, w, rep.per_request)))
+        path.write_text(json.dumps(vllm_result(rep, w)))
         runs.append(run_from_vllm_result(path, spec, seed=k))
     return runs
 

@@ -40,6 +40,7 @@ BOUNDS = (("compute_efficiency", 0.2, 1.0), ("memory_efficiency", 0.4, 1.0),
 # published fit (a handful of one deployment's runs cannot tell it from the rest)
 USER_FIT = ("compute_efficiency", "memory_efficiency", "overhead_ms", "per_seq_ms",
             "frontend_ms")
+_RANGE = {n: (lo, hi) for n, lo, hi in BOUNDS}
 MAX_RUNS = 64
 MAX_EVALS = 2000
 MAX_RESULT_BYTES = 256 * 2**20  # a --save-detailed file of 100,000 requests is ~100 MB
@@ -80,18 +81,16 @@ def _to_params(x: np.ndarray, names: Sequence[str], base: StepParams) -> StepPar
     """Free coordinates to constants: (1 + sin x) / 2 of each range, so every coordinate
     stays in bounds and a step moves it as much near a bound as in the middle (a
     logistic map flattens at its ends and strands a constant that starts there)."""
-    bounds = {n: (lo, hi) for n, lo, hi in BOUNDS}
-    vals = {n: bounds[n][0] + (bounds[n][1] - bounds[n][0]) * (1 + math.sin(float(v))) / 2
+    vals = {n: _RANGE[n][0] + (_RANGE[n][1] - _RANGE[n][0]) * (1 + math.sin(float(v))) / 2
             for n, v in zip(names, x, strict=True)}
     return replace(base, **vals)
 
 
 def _from_params(p: StepParams, names: Sequence[str]) -> np.ndarray:
     """The inverse, from at least 2% inside each range."""
-    bounds = {n: (lo, hi) for n, lo, hi in BOUNDS}
     out = []
     for n in names:
-        lo, hi = bounds[n]
+        lo, hi = _RANGE[n]
         v = getattr(p, n)
         u = min(max((v - lo) / (hi - lo) if math.isfinite(v) else 1.0, 0.02), 0.98)
         out.append(math.asin(2 * u - 1))
@@ -124,9 +123,8 @@ def fit(runs: Sequence[Run], start: StepParams | None = None,
                  else "prefill_first_overhead_ms" for n in USER_FIT]
         names += ["allreduce_latency_us"] if any(r.spec.tp > 1 for r in runs) else []
     names = tuple(names)
-    bounds = {n: (lo, hi) for n, lo, hi in BOUNDS}
-    lo = np.array([bounds[n][0] for n in names])
-    span = np.array([bounds[n][1] - bounds[n][0] for n in names])
+    lo = np.array([_RANGE[n][0] for n in names])
+    span = np.array([_RANGE[n][1] - _RANGE[n][0] for n in names])
     evals = 0
     best, best_params = math.inf, base
 
@@ -145,16 +143,16 @@ def fit(runs: Sequence[Run], start: StepParams | None = None,
     # on each figure's log error, over the constants scaled to their ranges, with finite
     # differences 5% of a range wide (narrower ones see a simulation's small jumps): it
     # reaches the right basin in tens of simulations.
-    u0 = np.array([min(max((getattr(base, n) - bounds[n][0]) / (bounds[n][1] - bounds[n][0])
+    u0 = np.array([min(max((getattr(base, n) - _RANGE[n][0]) / (_RANGE[n][1] - _RANGE[n][0])
                            if math.isfinite(getattr(base, n)) else 1.0, 0.02), 0.98)
                    for n in names])
-    ls = least_squares(lambda u: errors(replace(base, **{
+    least_squares(lambda u: errors(replace(base, **{
                            n: float(v) for n, v in zip(names, lo + span * u, strict=True)})),
                        u0, bounds=(0.0, 1.0), diff_step=0.05,
                        # each iteration also spends one simulation per constant on
                        # its finite differences: a third of the budget in all
                        max_nfev=max(1, min(100, max_evals // 3 // (len(names) + 1))))
-    del ls  # its best point is kept by errors()
+    # (its best point is what errors() kept)
 
     # 2. Nelder-Mead from there (a simplex half a unit wide in sine-bounded coordinates),
     # restarted smaller while the budget lasts and each pass gains: it polishes where the
@@ -192,7 +190,7 @@ def _number(d: dict[str, Any], key: str, path: str, lo: float, hi: float,
     return float(v)
 
 
-def _lens(d: dict[str, Any], key: str, path: str, n: int) -> np.ndarray | None:
+def _lens(d: dict[str, Any], key: str, path: str) -> np.ndarray | None:
     v = d.get(key)
     if v is None:
         return None
@@ -221,12 +219,10 @@ def run_from_vllm_result(path: Path, spec: PoolSpec, prefill_first: bool = False
     rate = _number(d, "request_rate", name, 1e-6, math.inf) or math.inf
     burst = _number(d, "burstiness", name, 0.01, 100, required=False) or 1.0
     conc = int(_number(d, "max_concurrency", name, 1, 100_000, required=False) or 0)
-    if math.isinf(rate) and not conc:
-        conc = 0  # all at once
     measured = {"ttft_p50_ms": _number(d, "median_ttft_ms", name, 1e-6, 1e9),
                 "tpot_p50_ms": _number(d, "median_tpot_ms", name, 1e-6, 1e9),
                 "output_tokens_per_s": _number(d, "output_throughput", name, 1e-6, 1e9)}
-    ins, outs = _lens(d, "input_lens", name, done), _lens(d, "output_lens", name, done)
+    ins, outs = _lens(d, "input_lens", name), _lens(d, "output_lens", name)
     lengths = None
     if ins is not None and outs is not None and ins.size == outs.size:
         keep = (ins > 0) & (outs > 0)  # a failed request's lengths are 0
@@ -244,9 +240,10 @@ def run_from_vllm_result(path: Path, spec: PoolSpec, prefill_first: bool = False
                {k: v for k, v in measured.items() if v is not None})
 
 
-def vllm_result(report: Any, workload: Workload, per_request: dict[str, np.ndarray]
-                ) -> dict[str, Any]:
-    """A simulated run in `vllm bench serve --save-result`'s keys (what `llm fit` reads)."""
+def vllm_result(report: Any, workload: Workload) -> dict[str, Any]:
+    """A simulated run (a ServingReport) in `vllm bench serve --save-result`'s keys
+    (what `llm fit` reads)."""
+    per_request = report.per_request
     ttft, tpot, e2e = (per_request[k] for k in ("ttft_s", "tpot_s", "e2e_s"))
     ok = np.isfinite(ttft)
     ins, outs = per_request["prompt"], per_request["output"]

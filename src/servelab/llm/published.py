@@ -77,10 +77,11 @@ def _raw() -> dict[str, Any]:
 
 @cache
 def _lengths(name: str) -> tuple[np.ndarray, np.ndarray]:
+    from servelab.llm.paging import read_lengths_csv
+
     csv = _raw()["workloads"][name]["csv"]
-    text = resources.files("servelab.data").joinpath(csv).read_text("utf-8")
-    rows = np.array([line.split(",") for line in text.split()[1:]], dtype=np.int64)
-    return rows[:, 0], rows[:, 1]
+    with resources.as_file(resources.files("servelab.data").joinpath(csv)) as path:
+        return read_lengths_csv(path, 100_000, f"[workloads.{name}] csv")
 
 
 def cases() -> list[Case]:
