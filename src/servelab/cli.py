@@ -720,7 +720,12 @@ def lab(
 
     import uvicorn
 
-    from servelab.http import allowed_hosts, check_can_listen
+    from servelab.http import (
+        ConnectionLimits,
+        allowed_hosts,
+        check_can_listen,
+        guarded_http_protocol,
+    )
     from servelab.lab import background
     from servelab.lab.server import LabConfig, create_app, warm
 
@@ -754,7 +759,8 @@ def lab(
 
     try:
         Server(uvicorn.Config(lab_app, host=host, port=port, log_level="warning",
-                              timeout_graceful_shutdown=1)).run()
+                              timeout_graceful_shutdown=1, http=guarded_http_protocol(
+                                  ConnectionLimits().fitted_to_file_limit()))).run()
     except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has stopped
         pass
     finally:

@@ -114,3 +114,103 @@ def test_generated_bodies_never_500(client, doc):
     assert r.status_code in (200, 400), (r.status_code, r.text[:300])
     if r.status_code == 400:
         one_line(r)
+
+
+def _one(data: object, datatype: str = "FP32") -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": [1, 16],
+                                   "data": data}]}).encode()
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    (_one(["0.5"] * 16), "value \"0.5\" is not valid FP32 data"),  # Triton: not a number
+    (_one([True] * 16), "value true is not valid FP32 data"),
+    (_one([None] * 16), "value null"),
+    (_one([{"v": 0.5}] * 16), "value {\"v\": 0.5}"),
+    (_one([1e39] * 16), "out of FP32's range"),  # would silently become inf
+    (_one([1.0] * 15 + [-1e39]), "out of FP32's range"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": '
+     b'[NaN, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}]}', "not valid JSON"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": '
+     b'[Infinity, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}]}', "not valid JSON"),
+    (_one([0.5] * 16).replace(b'"data"', b'"parameters": {"binary_data_size": true}, '
+                                         b'"x_data"'), "binary_data_size"),
+    (_one(0.5), "data must be a list"),
+])
+def test_tensor_data_is_taken_as_triton_takes_it(client, body, needle):
+    """No silent conversion: a string, a boolean, a fraction for an integer, a value
+    outside the datatype's range, NaN or Infinity is a 400 naming the value."""
+    r = client.post("/v2/models/mlp/infer", content=body)
+    assert r.status_code == 400, r.text
+    assert needle in one_line(r)
+
+
+def test_integers_fit_floats_and_nested_rows_are_row_major(client):
+    x = (np.arange(32, dtype=np.float32).reshape(2, 16) - 7)
+    flat = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 16],
+                        "data": [int(v) for v in x.reshape(-1)]}]}
+    nested = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 16],
+                          "data": x.tolist()}]}
+    a = client.post("/v2/models/mlp/infer", json=flat)
+    b = client.post("/v2/models/mlp/infer", json=nested)
+    assert a.status_code == b.status_code == 200, (a.text, b.text)
+    assert a.json()["outputs"] == b.json()["outputs"]
+    y = np.array(a.json()["outputs"][0]["data"], np.float32).reshape(2, 4)
+    np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("datatype", "good", "bad", "needle"), [
+    ("INT64", [7, -3], [7.9, 1], "no fractions"),  # 7.9 would have become 7
+    ("INT64", [2**63 - 1, 0], [2**63, 0], "out of INT64's range"),
+    ("INT8", [127, -128], [128, 0], "out of INT8's range"),
+    ("UINT8", [255, 0], [-1, 0], "out of UINT8's range"),
+    ("INT32", [1, 2], [True, 2], "value true"),
+    ("BOOL", [True, False], [1, 0], "expected true/false"),
+    ("FP16", [65504.0, 1], [70000.0, 1], "out of FP16's range"),
+])
+def test_each_datatype_takes_only_its_own_json_values(datatype, good, bad, needle):
+    from servelab.errors import InputError
+    from servelab.gateway.protocol import parse_request
+    from servelab.gateway.runner import TensorSpec
+
+    specs = (TensorSpec("t", datatype, (-1, 2)),)
+
+    def parse(data: list[object]) -> np.ndarray:
+        body = json.dumps({"inputs": [{"name": "t", "datatype": datatype, "shape": [1, 2],
+                                       "data": data}]}).encode()
+        return parse_request(body, None, "m", specs, 4).inputs["t"]
+
+    arr = parse(good)
+    assert arr.dtype == specs[0].dtype
+    assert arr.reshape(-1).tolist() == good
+    with pytest.raises(InputError, match=needle.replace("(", r"\(").replace("'", "'")):
+        parse(bad)
+
+
+def test_a_models_body_limit_is_its_largest_valid_request():
+    """The limit holds the largest request that can be valid, pretty-printed JSON of the
+    longest numbers included, and nothing near 64 MB for a small model."""
+    from servelab.gateway.protocol import MAX_BODY_BYTES, max_request_bytes, parse_request
+    from servelab.gateway.runner import TensorSpec
+
+    specs = (TensorSpec("x", "FP64", (-1, 16)), TensorSpec("k", "INT64", (-1, 1)))
+    limit = max_request_bytes(specs, 8)
+    doc = {"id": "a" * 1000, "inputs": [
+        {"name": "x", "datatype": "FP64", "shape": [8, 16],
+         "data": [[-2.2250738585072014e-308] * 16] * 8},
+        {"name": "k", "datatype": "INT64", "shape": [8, 1], "data": [[-(2**63)]] * 8}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}
+    body = json.dumps(doc, indent=8).encode()
+    assert len(body) <= limit < 1024 * 1024
+    assert parse_request(body, None, "m", specs, 8).rows == 8
+    assert max_request_bytes((TensorSpec("x", "FP32", (-1, -1)),), 8) == MAX_BODY_BYTES
+    assert max_request_bytes((TensorSpec("x", "FP32", (-1, 10**6)),), 1024) == MAX_BODY_BYTES
+
+
+def test_a_body_over_the_models_limit_is_413_before_it_is_read(client):
+    r = client.post("/v2/models/mlp/infer", content=b"[" * 200_000)
+    assert r.status_code == 413
+    assert "fewer rows per request" in one_line(r)
+    assert r.headers["connection"] == "close"
+    # Other routes take no body at all worth speaking of.
+    assert client.post("/v2/repository/index", content=b"x" * (2 * 1024 * 1024)
+                       ).status_code == 413

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.errors import InputError, cut
+from servelab.errors import InputError
 from servelab.features.definitions import Repo
 
 MAX_EXAMPLES = 5
@@ -51,15 +51,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def read_log(log_dir: str | Path) -> Any:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from servelab.gateway.log import read_served
 
-    d = Path(log_dir)
-    files = sorted(d.glob("served-*.parquet")) if d.is_dir() else []
-    if not files:
-        raise InputError(f"--log = {cut(str(log_dir))!r}: no served-*.parquet files; fix: "
-                         "point at the gateway's --log-dir after it served some requests")
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+    return read_served(log_dir)
 
 
 def skew(repo: Repo, log_dir: str | Path, service: str | None = None,

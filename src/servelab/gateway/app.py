@@ -1,18 +1,23 @@
 """The gateway's HTTP side: Open Inference Protocol v2 routes as Triton serves them,
 Triton's statistics and Prometheus metrics, over models batched by ``AsyncBatcher``.
 
-Safe by default as the lab is: loopback hosts only (403 otherwise), a request body
-limit (413), errors as one JSON line with Triton's status codes.
+Safe by default as the lab is: loopback hosts only (403 otherwise), errors as one JSON
+line with Triton's status codes. A request costs what its tensors are worth: a body
+longer than the model's largest valid request is refused from its Content-Length (413)
+before it is read, bodies in flight are bounded in total (503), and a large body is
+parsed off the event loop, one at a time, so small requests wait at most its parse.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,10 +43,11 @@ from servelab.gateway.batcher import AsyncBatcher
 from servelab.gateway.drift_monitor import DriftMonitor
 from servelab.gateway.join import FeatureJoin
 from servelab.gateway.log import ServedLog
-from servelab.gateway.protocol import build_response, parse_request
+from servelab.gateway.protocol import build_response, max_request_bytes, parse_request
 from servelab.gateway.runner import OnnxModel, Timing
 from servelab.http import (
     LOOPBACK_HOSTS,
+    BodyLimits,
     GuardMiddleware,
     error_body,
     error_response,
@@ -51,7 +57,8 @@ from servelab.scenario import BatchingPolicy
 from servelab.trace_file import TraceWriter
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # Triton has no *_created
-MAX_BODY_BYTES = 64 * 1024 * 1024
+OTHER_BODY_BYTES = 1024 * 1024  # any route but infer: none reads a body
+INLINE_PARSE_BYTES = 256 * 1024  # a larger body is parsed on the parse thread
 # Fine enough to read a p99 between 0.1 ms and 10 s.
 LATENCY_BUCKETS_S = (*(round(b * 10.0**e, 9) for e in range(-4, 1)
                        for b in (1, 1.5, 2, 3, 5, 7)), 10.0)
@@ -198,6 +205,7 @@ class ServedModel:
                 f"expected one input of shape [-1, {len(join.pairs)}] for feature service "
                 f"{join.service!r}; fix: export the model over the service's features")
         self.inputs = join.inputs if join is not None else model.inputs
+        self.max_request_bytes = max_request_bytes(self.inputs, policy.max_batch_size)
         # The labelled children, bound once (labels() on every request costs more).
         lab = {"model": model.name, "version": "1"}
         self.request_hist = metrics.request_s.labels(**lab)
@@ -363,10 +371,14 @@ class InferFastPath:
 
 
 def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS,
-                   metrics: Metrics | None = None) -> FastAPI:
+                   metrics: Metrics | None = None, body_timeout_s: float = 30.0,
+                   max_inflight_bytes: int = 256 * 1024 * 1024) -> FastAPI:
     """The v2 app over loaded models."""
     by_name = {m.model.name: m for m in models}
     metrics = metrics or (models[0].metrics if models else Metrics())
+    # One thread parses large bodies, one at a time: their parse holds the GIL anyway,
+    # and one at a time bounds the memory their Python objects take.
+    parse_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parse")
     app = FastAPI(title="servelab gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     def served(name: str) -> ServedModel:
@@ -476,7 +488,13 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             return status, error_body(message), "application/json", None
 
         try:
-            req = parse_request(body, header_length, name, sm.inputs, sm.policy.max_batch_size)
+            if len(body) <= INLINE_PARSE_BYTES:
+                req = parse_request(body, header_length, name, sm.inputs,
+                                    sm.policy.max_batch_size)
+            else:
+                req = await asyncio.get_running_loop().run_in_executor(
+                    parse_pool, parse_request, body, header_length, name, sm.inputs,
+                    sm.policy.max_batch_size)
         except InputError as exc:
             return fail("OTHER", 400, str(exc))
         fut = sm.batcher.submit(req.inputs)
@@ -526,8 +544,16 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
     # The hot path skips FastAPI's routing and dependency machinery (about half of a
     # request's CPU time here): inference requests are answered by `infer` directly; the
     # Host and body checks still run first (GuardMiddleware is outermost).
+    def body_limit(scope: Scope) -> int | None:
+        m = _INFER_PATH.match(scope["path"]) if scope["method"] == "POST" else None
+        sm = by_name.get(m.group(1)) if m is not None else None
+        return sm.max_request_bytes if sm is not None else None
+
     app.add_middleware(InferFastPath, infer=infer)
-    app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts, max_body=MAX_BODY_BYTES,
-                       server="the gateway")
+    app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts, max_body=OTHER_BODY_BYTES,
+                       server="the gateway",
+                       limits=BodyLimits(OTHER_BODY_BYTES, body_timeout_s=body_timeout_s,
+                                         max_inflight_bytes=max_inflight_bytes,
+                                         per_route=body_limit))
     app.state.models = by_name
     return app

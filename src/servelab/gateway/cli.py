@@ -76,6 +76,18 @@ def serve(
     port: Annotated[int, typer.Option(help="Port.", min=1, max=65535)] = 8000,
     allow_host: Annotated[list[str] | None, typer.Option(
         help="Another host name to answer to (repeat); loopback names always.")] = None,
+    max_connections: Annotated[int, typer.Option(
+        help="Open connections kept; past it a new one closes the one idle longest "
+             "(503 if none is idle).", min=1, max=100_000)] = 1000,
+    header_timeout_s: Annotated[float, typer.Option(
+        help="Seconds a connection may take to send a request's headers.", min=0.1,
+        max=3600)] = 10.0,
+    body_timeout_s: Annotated[float, typer.Option(
+        help="Seconds a request's body may take to arrive (408 past it).", min=0.1,
+        max=3600)] = 30.0,
+    max_inflight_mb: Annotated[float, typer.Option(
+        help="MiB of request bodies all requests together may hold (503 past it).",
+        min=1, max=65536)] = 256.0,
 ) -> None:
     """Serve ONNX models over the Open Inference Protocol v2, batched with Triton's rules."""
     import uvicorn
@@ -87,7 +99,12 @@ def serve(
     from servelab.gateway.log import ServedLog
     from servelab.gateway.repository import load_repository
     from servelab.gateway.runner import OnnxModel
-    from servelab.http import allowed_hosts, check_can_listen
+    from servelab.http import (
+        ConnectionLimits,
+        allowed_hosts,
+        check_can_listen,
+        guarded_http_protocol,
+    )
 
     given: dict[str, Any] = {
         "batching.max_batch_size": max_batch_size,
@@ -156,7 +173,12 @@ def serve(
                                   join=join, log=(ServedLog(log_dir, name) if log_dir else None),
                                   drift=monitor, trace=trace))
     app = create_gateway(served, allowed_hosts=allowed_hosts(host, allow_host),
-                         metrics=metrics)
+                         metrics=metrics, body_timeout_s=body_timeout_s,
+                         max_inflight_bytes=int(max_inflight_mb * 1024 * 1024))
+    limits = ConnectionLimits(max_connections, header_timeout_s).fitted_to_file_limit()
+    if limits.max_connections < max_connections:
+        stderr.print(f"--max-connections: {limits.max_connections} (the open-file limit "
+                     "allows no more)", highlight=False)
     check_can_listen(host, port)
     for name, _, pol in specs:
         stderr.print(f"  {name}: max_batch_size {pol.max_batch_size}, max_queue_delay "
@@ -185,7 +207,8 @@ def serve(
     gc.freeze()
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                    proxy_headers=False, timeout_graceful_shutdown=30)
+                    proxy_headers=False, timeout_graceful_shutdown=30,
+                    http=guarded_http_protocol(limits), backlog=4096)
     finally:
         for sm in served:
             if sm.log is not None:

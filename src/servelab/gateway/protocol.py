@@ -15,6 +15,19 @@ from servelab.errors import InputError, cut
 from servelab.gateway.runner import V2_DTYPES, TensorSpec
 
 MAX_ELEMENTS = 16 * 1024 * 1024  # per input tensor
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a model whose shapes do not bound its requests
+# The largest valid request of a model, in bytes: JSON text per element (a float64's
+# repr is at most 24 characters, plus a separator and room for indentation) and the
+# request's JSON header (names, shape, parameters) beside the data.
+JSON_BYTES_PER_ELEMENT = 64
+HEADER_BYTES = 64 * 1024
+MAX_NESTING = 32
+# JSON value types each datatype takes, as Triton's parser does (rapidjson's IsBool,
+# IsInt64/IsUint64, IsNumber): no strings, no booleans for numbers, no fractions for
+# integers, no NaN or Infinity (not JSON).
+_INT_TYPES = frozenset({int})
+_FLOAT_TYPES = frozenset({int, float})
+_BOOL_TYPES = frozenset({bool})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +41,73 @@ class InferRequest:
 
 def _bad(msg: str) -> InputError:
     return InputError(msg)
+
+
+def max_request_bytes(inputs: tuple[TensorSpec, ...], max_batch_size: int) -> int:
+    """The largest body a valid request to this model can have (JSON or binary tensors,
+    pretty-printed JSON included); MAX_BODY_BYTES where a dimension of any size leaves
+    it unbounded. The gateway refuses a longer body from its Content-Length."""
+    elements = 0
+    for t in inputs:
+        row = t.shape[1:]
+        if any(d < 0 for d in row):
+            return MAX_BODY_BYTES
+        elements += math.prod(row)
+    return min(MAX_BODY_BYTES,
+               HEADER_BYTES + max(1, max_batch_size) * elements * JSON_BYTES_PER_ELEMENT)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _flatten(data: Any, name: str) -> list[Any]:
+    """A flat list of a JSON tensor's values, nested lists (row-major) allowed."""
+    if not isinstance(data, list):
+        raise _bad(f"input {name!r}: data must be a list of values, got "
+                   f"{type(data).__name__}")
+    flat: list[Any] = []
+    stack = [(data, 0)]
+    while stack:
+        items, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise _bad(f"input {name!r}: data nested deeper than {MAX_NESTING} lists")
+        if list in set(map(type, items)):  # nested, as Triton takes it: row-major
+            stack.extend((v, depth + 1) if type(v) is list else ([v], depth + 1)
+                         for v in reversed(items))
+        else:
+            flat.extend(items)
+    return flat
+
+
+def _json_tensor(data: Any, name: str, spec: TensorSpec, count: int) -> np.ndarray:
+    """JSON tensor data as Triton takes it: each value of the datatype's JSON type, in
+    the datatype's range; anything else is refused, never converted."""
+    flat = _flatten(data, name)
+    if len(flat) != count:
+        raise _bad(f"input {name!r}: {len(flat)} values for shape of {count} elements")
+    kind = spec.dtype.kind
+    allowed = _BOOL_TYPES if kind == "b" else _FLOAT_TYPES if kind == "f" else _INT_TYPES
+    bad = set(map(type, flat)) - allowed
+    if bad:
+        first = next(v for v in flat if type(v) not in allowed)
+        want = {"b": "true/false", "f": "numbers"}.get(kind, "whole numbers")
+        raise _bad(f"input {name!r}: value {cut(json.dumps(first), 30)} is not valid "
+                   f"{spec.datatype} data; expected {want}, as JSON values (no strings"
+                   + ("" if kind == "b" else ", no true/false")
+                   + (", no fractions" if kind in "iu" else "") + ")")
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            arr = np.asarray(flat, dtype=spec.dtype)
+    except (OverflowError, FloatingPointError):
+        info = np.finfo(spec.dtype) if kind == "f" else np.iinfo(spec.dtype)
+        raise _bad(f"input {name!r}: a value is out of {spec.datatype}'s range "
+                   f"{info.min:.6g} to {info.max:.6g}") from None
+    if kind == "f" and not np.isfinite(arr).all():
+        info = np.finfo(spec.dtype)
+        raise _bad(f"input {name!r}: a value is out of {spec.datatype}'s range "
+                   f"{info.min:.6g} to {info.max:.6g}")
+    return arr
 
 
 def parse_request(body: bytes, header_length: str | None, model: str,
@@ -46,7 +126,7 @@ def parse_request(body: bytes, header_length: str | None, model: str,
     else:
         head, binary = body, b""
     try:
-        doc = json.loads(head)
+        doc = json.loads(head, parse_constant=_refuse_constant)
     except (ValueError, RecursionError, UnicodeDecodeError):
         raise _bad("request: not valid JSON; fix: send {\"inputs\": [...]} as the v2 "
                    "protocol describes") from None
@@ -84,7 +164,7 @@ def parse_request(body: bytes, header_length: str | None, model: str,
         tparams = item.get("parameters") or {}
         size = tparams.get("binary_data_size") if isinstance(tparams, dict) else None
         if size is not None:
-            if not isinstance(size, int) or size != count * dtype.itemsize or (
+            if type(size) is not int or size != count * dtype.itemsize or (
                     offset + size > len(binary)):
                 raise _bad(f"input {name!r}: binary_data_size {cut(str(size), 20)} does not "
                            f"match {count} x {dtype.itemsize} bytes in the body")
@@ -94,13 +174,7 @@ def parse_request(body: bytes, header_length: str | None, model: str,
             data = item.get("data")
             if data is None:
                 raise _bad(f"input {name!r}: no data and no binary_data_size")
-            try:
-                arr = np.asarray(data, dtype=dtype).reshape(-1)
-            except (ValueError, TypeError, OverflowError):
-                raise _bad(f"input {name!r}: data is not a list of {spec.datatype} "
-                           "values") from None
-            if arr.size != count:
-                raise _bad(f"input {name!r}: {arr.size} values for shape {shape}")
+            arr = _json_tensor(data, name, spec, count)
         arrays[name] = arr.reshape(shape)
     missing = sorted(set(specs) - set(arrays))
     if missing:
