@@ -35,9 +35,11 @@ def run_ms(arrivals_ms: list[float], exec_ms: float | list[float], *, instances:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
-    """In CI (CI=true) a skipped test is a failure: a missing service must be installed."""
+    """In CI (CI=true) a skipped test is a failure: a missing service must be installed.
+    A fidelity check the machine was too busy to judge ("host busy") is not one."""
     rep = yield
-    if os.environ.get("CI") == "true" and rep.skipped and not hasattr(rep, "wasxfail"):
+    if os.environ.get("CI") == "true" and rep.skipped and not hasattr(rep, "wasxfail") \
+            and "host busy:" not in str(rep.longrepr):
         rep.outcome = "failed"
         rep.longrepr = f"skipped in CI, where nothing may be skipped: {rep.longrepr}"
     return rep

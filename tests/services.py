@@ -70,11 +70,103 @@ def redis_server() -> Iterator[str | None]:
 
 
 
-# A measured run is judged on a machine whose hypervisor left its CPUs alone: session 7
-# measured steal up to 15% of the CPUs' time on this kind of machine, with profiles up to
-# 65% slow and 20-60 ms stalls in p99, where quiet sessions held every tolerance.
+# A measured run is judged on a machine whose CPUs were left to it: the hypervisor's
+# steal (session 7 measured up to 15% of the CPUs' time on this kind of machine, with
+# profiles up to 65% slow and 20-60 ms stalls in p99, where quiet sessions held every
+# tolerance) and the busy time of processes this test did not start (a build, another
+# test run) both count against it.
 QUIET_STEAL = 0.03
+QUIET_OTHERS = 0.10
 ATTEMPTS = 3
+
+
+def _descendants_cpu_s() -> float:
+    """CPU seconds of the processes this one started that are still alive, with what
+    their own reaped children used (Linux /proc; 0 elsewhere)."""
+    import os
+
+    me = os.getpid()
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        cpu[pid] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    total = 0.0
+    for pid, c in cpu.items():
+        p, seen = parent.get(pid), 0
+        while p is not None and p > 1 and seen < 64:
+            if p == me:
+                total += c
+                break
+            p, seen = parent.get(p), seen + 1
+    return total
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process and everything it started have used so far."""
+    import os
+
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system + _descendants_cpu_s()
+
+
+@contextlib.contextmanager
+def bounded_work(cpu_s: float, hang_s: float = 120.0) -> Iterator[None]:
+    """Hold a block's work to `cpu_s` seconds of this process tree's CPU time, which
+    other processes on the machine cannot inflate (a wall-clock bound fails whenever the
+    machine is busy), and its wall time to `hang_s` (a hang is still a failure)."""
+    c0, w0 = own_cpu_s(), time.monotonic()
+    yield
+    cpu, wall = own_cpu_s() - c0, time.monotonic() - w0
+    assert cpu < cpu_s, f"the work took {cpu:.1f} s of CPU (bound {cpu_s:g} s)"
+    assert wall < hang_s, f"the work took {wall:.1f} s (bound {hang_s:g} s against a hang)"
+
+
+class HostUse:
+    """How much of the machine's CPU time, over a span, went to other machines (the
+    hypervisor's steal) and to processes this test did not start."""
+
+    def __init__(self) -> None:
+        self._start = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, float, float, float]:
+        import os
+
+        from servelab.measure.load import cpu_times
+
+        wall, _, busy, steal, _ = cpu_times()
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system + _descendants_cpu_s()
+        return wall, busy, steal, own
+
+    def shares(self) -> tuple[float, float]:
+        """(steal, others) as shares of all the CPUs' time since this was made."""
+        import os
+
+        w0, b0, s0, o0 = self._start
+        w1, b1, s1, o1 = self._now()
+        cpu_s = max(w1 - w0, 1e-9) * (os.cpu_count() or 1)
+        steal = max(s1 - s0, 0.0) / cpu_s
+        others = max((b1 - b0) - (s1 - s0) - (o1 - o0), 0.0) / cpu_s
+        return min(steal, 1.0), min(others, 1.0)
+
+
+def skip_host_busy(why: str) -> None:
+    """Skip a fidelity check the machine was too busy to judge (allowed in CI too: it is
+    not a missing service, and CI runs on a quiet machine)."""
+    import pytest
+
+    pytest.skip(f"host busy: {why}")
 
 
 def steal_of(report: dict) -> float:
@@ -89,16 +181,21 @@ def judged_on_quiet_runs(run: Callable[[int], dict], misses: Callable[[dict], li
                          ) -> None:
     """Run `run(attempt)` (a validate report, its other checks asserted inside) up to
     ATTEMPTS times, each on a fresh server, until one has no `misses`. Fails if none
-    had none and any of them was quiet (steal at most QUIET_STEAL); if every run was
-    noisy, says that the prediction was not judged."""
-    tried: list[tuple[float, list[str]]] = []
+    had none and any of them was quiet (steal at most QUIET_STEAL in every phase, other
+    processes at most QUIET_OTHERS of the CPUs over the run); if every run was busy,
+    skips with "host busy": the prediction was not judged."""
+    tried: list[tuple[float, float, list[str]]] = []
     for attempt in range(ATTEMPTS):
+        use = HostUse()
         report = run(attempt)
-        tried.append((steal_of(report), misses(report)))
-        print(f"run {attempt + 1}: steal {tried[-1][0]:.1%}, misses {tried[-1][1]}")
-        if not tried[-1][1]:
+        steal, others = use.shares()
+        tried.append((max(steal_of(report), steal), others, misses(report)))
+        print(f"run {attempt + 1}: steal {tried[-1][0]:.1%}, other processes "
+              f"{others:.1%}, misses {tried[-1][2]}")
+        if not tried[-1][2]:
             return
-    quiet = [t for t in tried if t[0] <= QUIET_STEAL]
+    quiet = [t for t in tried if t[0] <= QUIET_STEAL and t[1] <= QUIET_OTHERS]
     assert not quiet, f"runs with the CPUs quiet missed: {quiet} (all runs: {tried})"
-    print(f"not judged: the hypervisor took {min(t[0] for t in tried):.0%} or more of the "
-          f"CPUs' time in every run: {tried}")
+    skip_host_busy("every run had the hypervisor take more than "
+                   f"{QUIET_STEAL:.0%} or other processes more than {QUIET_OTHERS:.0%} of "
+                   f"the CPUs' time (steal, others, misses): {tried}")

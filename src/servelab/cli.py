@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import json
 import math
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import numpy as np
 import typer
@@ -888,7 +890,6 @@ def run_cli() -> None:
     is servelab's bug: one line that says so and exit 3 (SERVELAB_DEBUG=1 shows the
     traceback). Ctrl+C exits 130 without a traceback.
     """
-    import os
 
     from typer import _click as click
 
@@ -920,9 +921,26 @@ def run_cli() -> None:
     except MemoryError:
         _say("out of memory; fix: fewer requests (--num-requests) or a smaller input")
         sys.exit(1)
+    except OSError as exc:
+        # A path the user named that the system refuses (too long, a file where a
+        # folder should be, no permission): checked at each flag where it is written;
+        # a path only read is stat'ed in many places, and this is the one line for them.
+        if exc.filename is None or exc.errno not in _PATH_ERRNOS:
+            _internal_error(exc)
+        _say(f"path {cut(str(exc.filename), 100)!r}: {exc.strerror}; fix: give a shorter, "
+             "existing or permitted path")
+        sys.exit(1)
     except Exception as exc:  # a bug: say so in one line, never a traceback by default
-        if os.environ.get("SERVELAB_DEBUG"):
-            raise
-        _say(f"internal error ({type(exc).__name__}: {exc}); this is a servelab bug: "
-             "rerun with SERVELAB_DEBUG=1 for the traceback and report it")
-        sys.exit(3)
+        _internal_error(exc)
+
+
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
+                errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.ENOENT, errno.EEXIST}
+
+
+def _internal_error(exc: BaseException) -> NoReturn:
+    if os.environ.get("SERVELAB_DEBUG"):
+        raise exc
+    _say(f"internal error ({type(exc).__name__}: {exc}); this is a servelab bug: "
+         "rerun with SERVELAB_DEBUG=1 for the traceback and report it")
+    sys.exit(3)

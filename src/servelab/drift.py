@@ -10,8 +10,10 @@ shares of each sample in bin b. The choices that make it trustworthy:
 
 - **Bins from the reference's quantiles** (``bins``, default 10) with open outer
   edges, so a current value beyond the reference's range lands in an end bin, and
-  any strictly increasing transform of both samples gives the same PSI. Repeated
-  quantiles (a feature with few distinct values) merge into fewer bins.
+  any strictly increasing transform of both samples gives the same PSI. A reference
+  with no more distinct values than bins (a constant, a flag, a small count) gets a
+  bin for each value, one below them all and one above, so a value it never took
+  is seen (a constant reference against anything else is drift, not PSI 0).
 - **Missing values** (null, NaN) have their own bin on both sides.
 - **Categorical** features (strings, booleans) bin by category; categories the
   reference never had share one "new" bin (on the reference side it holds the rare
@@ -66,8 +68,14 @@ class Binning:
             e = self.edges
             if not e:
                 return ["all", MISSING]
-            inner = [f"[{a:.6g}, {b:.6g})" for a, b in itertools.pairwise(e)]
-            return [f"< {e[0]:.6g}", *inner, f">= {e[-1]:.6g}", MISSING]
+            def just_after(a: float, b: float) -> bool:  # the bin holds one value
+                return b == math.nextafter(a, math.inf)
+
+            inner = [f"= {a:.6g}" if just_after(a, b) else f"[{a:.6g}, {b:.6g})"
+                     for a, b in itertools.pairwise(e)]
+            top = (f"> {e[-2]:.6g}" if len(e) > 1 and just_after(e[-2], e[-1])
+                   else f">= {e[-1]:.6g}")
+            return [f"< {e[0]:.6g}", *inner, top, MISSING]
         return [*self.categories, NEW, MISSING]
 
 
@@ -164,6 +172,11 @@ def fit_binning(reference: np.ndarray, bins: int = DEFAULT_BINS) -> Binning:
     x = x[np.isfinite(x)]  # infinities fall in the end bins; NaN is missing
     if x.size == 0:
         return Binning("numeric", edges=())
+    distinct = np.unique(x)
+    if distinct.size <= bins:
+        with np.errstate(over="ignore"):  # past the largest float: inf, an empty top bin
+            edges = np.append(distinct, np.nextafter(distinct[-1], np.inf))
+        return Binning("numeric", edges=tuple(float(e) for e in edges))
     qs = np.quantile(x, np.arange(1, bins) / bins, method="linear")
     edges = np.unique(qs)
     # An edge at the minimum would leave the lowest bin empty: values equal to the edge
@@ -265,7 +278,10 @@ def column_values(table: Any, name: str) -> np.ndarray:
     col = table.column(name)
     t = col.type
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        arr: np.ndarray = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        # Integers past 2^53 and wide decimals round to the nearest float64 (PSI bins on
+        # order, which rounding keeps); a safe cast would refuse them.
+        arr: np.ndarray = pc.cast(col, pa.float64(), safe=False).to_numpy(
+            zero_copy_only=False)
         return arr
     return np.asarray(col.to_pylist(), dtype=object)
 

@@ -110,6 +110,28 @@ def check_writable_target(path: str | Path, field: str) -> Path:
     return p
 
 
+def prepare_out_dir(path: str | Path, field: str) -> Path:
+    """Create the folder a command will write its results into, before any work (a
+    long run must not end in a path that cannot be written)."""
+    p = Path(path)
+    shown = cut(str(path))
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        if not os.access(p, os.W_OK):
+            raise InputError(f"{field} = {shown}: folder is not writable; fix: choose a "
+                             "writable folder")
+        probe = p / ".servelab-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except FileExistsError:
+        raise InputError(f"{field} = {shown}: a file is in the way (expected a folder); fix: "
+                         "choose another folder name") from None
+    except OSError as exc:
+        raise InputError(f"{field} = {shown}: cannot create or write the folder "
+                         f"({exc.strerror}); fix: choose a shorter or writable path") from None
+    return p
+
+
 def read_csv_columns(path: str | Path, field: str, columns: tuple[str, ...], *,
                      max_rows: int) -> dict[str, Any]:
     """Named numeric columns of a CSV (a header row, then numbers), as float64 arrays.

@@ -156,6 +156,8 @@ class Report:
         return out
 
 
+MIN_ARRIVALS_TO_JUDGE = 100  # fewer: whether the queue grows cannot be told
+
 def jsonable(x: Any) -> Any:
     """A nested value with every non-finite float as None (JSON has no NaN or inf)."""
     return _jsonable(x)
@@ -364,7 +366,11 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
     if svc.kind.value == "profile" and mbs > max(svc.curve_b):
         notes.append(f"profile measured up to batch {max(svc.curve_b):g}; larger batches "
                      "are extrapolated from the last two points")
-    if busy > 0.98 or (counts["arrivals"] and end > 1.5e9 * span_s):
+    if counts["arrivals"] < MIN_ARRIVALS_TO_JUDGE:
+        notes.append(f"{counts['arrivals']} request(s): too few to tell whether the "
+                     f"instances keep up (busy share and tails need at least "
+                     f"{MIN_ARRIVALS_TO_JUDGE}); run more, e.g. --num-requests 2000")
+    elif busy > 0.98 or end > 1.5e9 * span_s:
         notes.append("the instances cannot keep up: the queue grows for the whole run, "
                      "so latency depends on the run's length")
     b = s.batching

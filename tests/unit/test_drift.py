@@ -213,3 +213,20 @@ def test_cli_mistakes_are_one_line(sides, args, needle):
     assert r.stderr.count("\n") == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert needle in r.stderr
+
+
+def test_a_constant_or_few_valued_reference_still_sees_drift():
+    """Quantile edges of a constant all coincide (one bin, PSI 0 whatever came); a
+    reference with no more distinct values than bins gets a bin per value and one on
+    each side, so a value it never took counts."""
+    rng = np.random.default_rng(5)
+    f = drift.feature_drift("x", np.full(2000, 3.0), rng.normal(size=500))
+    assert f.bins == ["< 3", "= 3", "> 3", "(missing)"]
+    assert f.status == "alert"
+    assert drift.feature_drift("x", np.full(2000, 3.0), np.full(500, 3.0)).psi == 0
+    flags = rng.integers(0, 2, 3000).astype(float)
+    same = drift.feature_drift("x", flags, rng.integers(0, 2, 800).astype(float))
+    assert same.status == "ok"
+    seven = drift.feature_drift("x", flags, np.full(800, 7.0))  # beyond: its own bin
+    assert seven.status == "alert"
+    assert seven.current_share[-2] > 0.9

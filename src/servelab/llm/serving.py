@@ -584,6 +584,9 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
 
 
 # -- the whole deployment -------------------------------------------------------------
+MAX_SPAN_S = 1e8  # about three years of arrivals: the clock still resolves 0.1 us
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     request_rate: float
@@ -616,6 +619,12 @@ class Workload:
         if not 1 <= self.num_requests <= MAX_REQUESTS:
             raise invalid("--num-requests", self.num_requests, f"1 to {MAX_REQUESTS:,}",
                           "e.g. --num-requests 2000")
+        if not closed_inf and self.num_requests / self.request_rate > MAX_SPAN_S:
+            # past this a step's milliseconds vanish into the clock's float rounding
+            raise invalid("--rate", self.request_rate, f"a rate whose {self.num_requests:,} "
+                          f"requests arrive within {MAX_SPAN_S:.0e} s (at least "
+                          f"{self.num_requests / MAX_SPAN_S:.2g}/s here)",
+                          "a higher --rate, or fewer --num-requests")
         if self.arrival not in ("poisson", "constant"):
             raise invalid("--arrival", self.arrival, "poisson or constant",
                           "e.g. --arrival poisson")

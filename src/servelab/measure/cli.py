@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.errors import invalid
+from servelab.files import prepare_out_dir
 
 stdout = Console()
 stderr = Console(stderr=True)
@@ -245,8 +246,8 @@ def validate(
     from servelab.measure.validate import ValidationSpec, run_validation, write_html
     from servelab.scenario import scenario_to_toml
 
-    if out is not None and out.exists() and not out.is_dir():
-        raise invalid("--out", str(out), "a folder", "give a folder name")
+    if out is not None:
+        prepare_out_dir(out, "--out")
     spec = ValidationSpec(
         model=model, url=url, serve=serve,
         rates=tuple(parse_rates(rates)) if rates is not None else None,
@@ -265,7 +266,6 @@ def validate(
     report = run_validation(spec, say=say)
     d = report.to_dict()
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "scenario.toml").write_text(scenario_to_toml(report.fit))
         (out / "validation.json").write_text(json.dumps(d, indent=2, default=float))
         write_html(d, out / "validation.html")

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.errors import invalid
+from servelab.files import prepare_out_dir
 
 stdout = Console()
 stderr = Console(stderr=True)
@@ -108,8 +109,8 @@ def load(
                      random_output_len, random_range_ratio, random_prefix_len,
                      sharegpt_output_len, seed, len(plans))
     pcts, slo = parse_percentiles(metric_percentiles), parse_goodput(goodput or [])
-    if out is not None and out.exists() and not out.is_dir():
-        raise invalid("--out", str(out), "a folder", "give a folder name")
+    if out is not None:
+        prepare_out_dir(out, "--out")
     with progress_bar(num_prompts * len(plans)) as counter:
         report = asyncio.run(run_load(
             ep, make, plans, dataset=dataset_name, seed=seed, timeout_s=request_timeout,
@@ -185,7 +186,6 @@ def _print_step(step: Any) -> None:
 def _write(out: Path, report: Any) -> None:
     """result.json (the whole run) and step-K.json in `vllm bench serve --save-result`'s
     shape, with its per-request lists, so scripts that read vLLM's files read these."""
-    out.mkdir(parents=True, exist_ok=True)
     whole = report.to_dict()
     (out / "result.json").write_text(json.dumps(whole, indent=1, default=str))
     date = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -251,15 +251,14 @@ def validate(
                     ("--max-num-batched-tokens", max_num_batched_tokens)):
         if v is not None and not 1 <= v <= 10_000_000:
             raise invalid(name, v, "1 to 10,000,000", f"check {name}")
-    if out is not None and out.exists() and not out.is_dir():
-        raise invalid("--out", str(out), "a folder", "give a folder name")
+    if out is not None:
+        prepare_out_dir(out, "--out")
     report = asyncio.run(run_validation(
         ep, rule=SchedulingRule.parse(rule), slots=max_num_seqs, ctx_per_slot=context_per_seq,
         n_batch=max_num_batched_tokens, input_len=random_input_len,
         output_len=random_output_len, num_prompts=num_prompts, shares=share_list, seed=seed,
         say=(lambda s: None) if as_json else (lambda s: stderr.print(s, highlight=False))))
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "validation.json").write_text(json.dumps(report.to_dict(), indent=1))
         (out / "steps.csv").write_text(report.profile.csv())
         (out / "scenario.toml").write_text(report.fitted_scenario())

@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
 
 from servelab.errors import StoreError, invalid
+from servelab.measure.client import split_url
 from servelab.measure.llm_metrics import RunRecords, ServeMetrics, compute
 from servelab.measure.llm_workload import MAX_PROMPTS, LlmRequest
 from servelab.measure.loadgen import paused_gc, send_on_schedule
@@ -118,15 +119,15 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str, path: str, model: str = "") -> Endpoint:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in (
-                "", "/"):
+        u = split_url("--url", url, schemes=("http", "https"),
+                      example="http://127.0.0.1:8080")
+        if "://" not in url or u.path not in ("", "/"):
             raise invalid("--url", url, "the server's base URL, http://HOST:PORT",
                           "e.g. --url http://127.0.0.1:8080 (the API path goes in --endpoint)")
         if path not in ("/v1/completions", "/v1/chat/completions"):
             raise invalid("--endpoint", path, "/v1/completions or /v1/chat/completions",
                           "use --endpoint /v1/completions")
-        return cls(f"{parts.scheme}://{parts.netloc}", path, model)
+        return cls(u.base, path, model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +206,17 @@ def counter_diff(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return out
 
 
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int = MAX_METRICS_BYTES) -> bytes:
+    """A whole answer, up to `limit` bytes (ValueError past it: a server that streams
+    forever costs the client nothing more)."""
+    buf = bytearray()
+    while chunk := await resp.content.read(65536):
+        buf += chunk
+        if len(buf) > limit:
+            raise ValueError(f"answer over {limit:,} bytes")
+    return bytes(buf)
+
+
 async def read_metrics(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
     """The server's engine counters, or {} when it has no /metrics (or not in time)."""
     try:
@@ -212,10 +224,8 @@ async def read_metrics(session: aiohttp.ClientSession, base: str) -> dict[str, f
             async with session.get(base + "/metrics") as resp:
                 if resp.status != 200:
                     return {}
-                raw = await resp.content.read(MAX_METRICS_BYTES + 1)
+                raw = await read_bounded(resp)
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
-        return {}
-    if len(raw) > MAX_METRICS_BYTES:
         return {}
     return parse_counters(raw.decode("utf-8", "replace"))
 
@@ -241,14 +251,14 @@ async def model_name(session: aiohttp.ClientSession, base: str) -> str:
                 if resp.status != 200:
                     raise StoreError(f"--url {base}: GET /v1/models answered HTTP "
                                      f"{resp.status}; fix: give the model's name with --model")
-                data = await resp.json(content_type=None)
+                data = json.loads(await read_bounded(resp))
     except TimeoutError as exc:
         raise StoreError(f"--url {base}: no answer from /v1/models in 10 s; fix: check that "
                          "the server is up and listening there") from exc
     except aiohttp.ClientConnectorError as exc:
         raise StoreError(f"--url {base}: cannot connect ({exc.os_error.strerror or exc}); "
                          "fix: start the server or check the URL") from exc
-    except (aiohttp.ClientError, ValueError) as exc:
+    except (aiohttp.ClientError, ValueError, RecursionError) as exc:
         raise StoreError(f"--url {base}: /v1/models did not answer OpenAI's JSON "
                          f"({type(exc).__name__}); fix: give the model with --model") from exc
     models = data.get("data") if isinstance(data, dict) else None

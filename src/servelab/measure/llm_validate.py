@@ -34,6 +34,7 @@ simulator's step model to it, load it, and set the prediction beside the measure
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from servelab.measure.llm_load import (
     counter_diff,
     model_name,
     new_session,
+    read_bounded,
     read_metrics,
     run_step,
     tokens_per_word,
@@ -265,13 +267,13 @@ async def discover_limits(session: aiohttp.ClientSession, base: str, rule: Sched
             async with asyncio.timeout(10.0):
                 async with session.get(base + "/props") as resp:
                     if resp.status == 200:
-                        props = await resp.json(content_type=None)
+                        props = json.loads(await read_bounded(resp))
                         if isinstance(props, dict):
                             found["slots"] = props.get("total_slots")
                             dgs = props.get("default_generation_settings")
                             if isinstance(dgs, dict):
                                 found["ctx"] = dgs.get("n_ctx")
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError, RecursionError):
             pass
     s = slots or (found.get("slots") if isinstance(found.get("slots"), int) else None)
     c = ctx_per_slot or (found.get("ctx") if isinstance(found.get("ctx"), int) else None)

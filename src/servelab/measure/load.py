@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 
 from servelab.errors import InputError, StoreError, cut, invalid
+from servelab.measure.client import fetch, split_url
 from servelab.measure.loadgen import (
     LoadResult,
     constant_offsets,
@@ -49,27 +49,43 @@ class Target:
 
     @property
     def base(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
 
 def parse_url(url: str, model: str) -> Target:
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme != "http" or not parts.hostname:
-        raise InputError(f"--url = {cut(url)!r}: expected http://HOST:PORT of a v2 server; "
-                         "fix: e.g. --url http://127.0.0.1:8000")
-    return Target(parts.hostname, parts.port or 80, model)
+    u = split_url("--url", url)
+    return Target(u.host, u.port, model)
+
+
+MAX_ROW_ELEMENTS = 1 << 20  # per input, per row: generated request bodies stay bounded
 
 
 def metadata(t: Target) -> dict[str, Any]:
+    """The model's v2 metadata, checked: inputs with a name, a datatype and a shape of
+    whole numbers (a server that answers anything else is named, not trusted)."""
     try:
-        r = httpx.get(f"{t.base}/v2/models/{t.model}", timeout=10)
-    except httpx.HTTPError as exc:
-        raise StoreError(f"--url = {t.base}: cannot reach the server ({exc}); fix: start it, "
-                         "or check the address") from None
-    if r.status_code != 200:
-        raise InputError(f"--model = {t.model!r}: the server answered {r.status_code} "
-                         f"({cut(r.text, 150)}); fix: check the model name")
-    out: dict[str, Any] = r.json()
+        r = fetch("GET", f"{t.base}/v2/models/{t.model}")
+    except StoreError as exc:
+        raise StoreError(f"--url = {t.base}: {cut(str(exc).split(': ', 1)[-1], 300)}"
+                         ) from None
+    if r.status != 200:
+        raise InputError(f"--model = {t.model!r}: the server answered {r.status} "
+                         f"({r.head()}); fix: check the model name")
+    doc = r.json()
+    ins = doc.get("inputs") if isinstance(doc, dict) else None
+    ok = isinstance(ins, list) and bool(ins) and all(
+        isinstance(i, dict) and isinstance(i.get("name"), str)
+        and isinstance(i.get("datatype"), str) and isinstance(i.get("shape"), list)
+        and i["shape"] and all(type(d) is int and d >= -1 for d in i["shape"])
+        and math.prod(max(d, 1) for d in i["shape"][1:]) <= MAX_ROW_ELEMENTS
+        for i in ins)
+    if not ok:
+        raise StoreError(f"--url = {t.base}: GET /v2/models/{cut(t.model, 60)} did not answer "
+                         f"v2 model metadata with inputs (name, datatype, shape of at most "
+                         f"{MAX_ROW_ELEMENTS:,} values a row): {r.head(60)}; fix: point --url "
+                         "at a v2 (Triton/KServe) server")
+    out: dict[str, Any] = doc
     return out
 
 
@@ -176,22 +192,27 @@ def server_stats(t: Target, tries: int = 3) -> dict[str, float] | None:
 
     for attempt in range(tries):
         try:
-            r = httpx.get(f"{t.base}/v2/models/{t.model}/stats", timeout=10)
-            s = r.json()["model_stats"][0]
+            doc = fetch("GET", f"{t.base}/v2/models/{t.model}/stats").json()
             break
-        except httpx.TransportError:
+        except StoreError:
             if attempt == tries - 1:
                 return None
             time.sleep(0.5)
-        except (httpx.HTTPError, KeyError, IndexError, ValueError):
-            return None
     else:
         return None
-    inf = s["inference_stats"]
-    return {"inferences": s["inference_count"], "executions": s["execution_count"],
-            "success": inf["success"]["count"], "queue_ns": inf["queue"]["ns"],
-            "input_ns": inf["compute_input"]["ns"], "infer_ns": inf["compute_infer"]["ns"],
-            "output_ns": inf["compute_output"]["ns"]}
+    try:
+        s = doc["model_stats"][0]
+        inf = s["inference_stats"]
+        out: dict[str, Any] = {
+               "inferences": s["inference_count"], "executions": s["execution_count"],
+               "success": inf["success"]["count"], "queue_ns": inf["queue"]["ns"],
+               "input_ns": inf["compute_input"]["ns"], "infer_ns": inf["compute_infer"]["ns"],
+               "output_ns": inf["compute_output"]["ns"]}
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not all(type(v) is int and v >= 0 for v in out.values()):
+        return None  # not Triton's counters: none rather than nonsense
+    return out
 
 
 def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float, n: int,

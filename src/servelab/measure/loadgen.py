@@ -119,27 +119,57 @@ def constant_offsets(rate: float, n: int) -> np.ndarray:
 
 def http_request(host: str, port: int, path: str, body: bytes,
                  headers: dict[str, str] | None = None, method: str = "POST") -> bytes:
-    head = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}",
+    shown = f"[{host}]" if ":" in host else host
+    head = [f"{method} {path} HTTP/1.1", f"Host: {shown}:{port}",
             f"Content-Length: {len(body)}", "Content-Type: application/json"]
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+NOT_AN_ANSWER = -1  # HTTP 200 whose body is not a v2 inference answer
+
+
+class _AnswerTooLargeError(Exception):
+    pass
+
+
 async def _read_response(reader: asyncio.StreamReader) -> int:
+    """The answer's status; its body read (at most MAX_ANSWER_BYTES, Content-Length or
+    chunked) and, for a 200, checked to be a v2 answer (a JSON object with outputs)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ", 2)[1])
-    length = 0
+    length, chunked = 0, False
     for line in lines[1:]:
-        if line[:15].lower() == b"content-length:":
+        key = line[:18].lower()
+        if key.startswith(b"content-length:"):
             length = int(line[15:])
-    if length:
-        await reader.readexactly(length)
+        elif key.startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+            chunked = True
+    if chunked:
+        parts, total = [], 0
+        while True:
+            size = int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16)
+            total += size
+            if total > MAX_ANSWER_BYTES:
+                raise _AnswerTooLargeError
+            parts.append(await reader.readexactly(size + 2))
+            if size == 0:
+                break
+        body = b"".join(p[:-2] for p in parts)
+    else:
+        if not 0 <= length <= MAX_ANSWER_BYTES:
+            raise _AnswerTooLargeError
+        body = await reader.readexactly(length) if length else b""
+    if status == 200 and not (body[:1] == b"{" and b'"outputs"' in body[:65536]):
+        return NOT_AN_ANSWER
     return status
 
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-_TRANSPORT = (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, IndexError)
+_TRANSPORT = (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+              ValueError, IndexError, _AnswerTooLargeError)
 
 
 async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
@@ -152,11 +182,17 @@ async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
         conn[1].write(request)
         code = await asyncio.wait_for(_read_response(conn[0]), timeout_s)
     except _TRANSPORT as exc:
-        kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+        kind = ("timeout" if isinstance(exc, asyncio.TimeoutError) else
+                f"answer over {MAX_ANSWER_BYTES:,} bytes"
+                if isinstance(exc, _AnswerTooLargeError) else type(exc).__name__)
         errors[kind] = errors.get(kind, 0) + 1
         if conn is not None:
             conn[1].close()
         return 0, None
+    if code == NOT_AN_ANSWER:
+        errors["HTTP 200 without a v2 answer"] = errors.get("HTTP 200 without a v2 answer",
+                                                            0) + 1
+        return 0, conn
     if code != 200:
         errors[f"http {code}"] = errors.get(f"http {code}", 0) + 1
     return code, conn

@@ -55,10 +55,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import httpx
 import numpy as np
 
 from servelab.errors import InputError, StoreError, cut, invalid
+from servelab.measure.client import fetch
 from servelab.measure.load import (
     Target,
     cpu_times,
@@ -120,14 +120,18 @@ def read_policy(t: Target, overrides: dict[str, int | None]) -> ServerPolicy:
     """The model's batching policy from its Triton-style config; flags fill or replace."""
     cfg: dict[str, Any] = {}
     try:
-        r = httpx.get(f"{t.base}/v2/models/{t.model}/config", timeout=10)
-        if r.status_code == 200:
-            cfg = r.json()
-    except (httpx.HTTPError, ValueError):
+        r = fetch("GET", f"{t.base}/v2/models/{t.model}/config")
+        doc = r.json() if r.status == 200 else None
+        cfg = doc if isinstance(doc, dict) else {}
+    except StoreError:
         cfg = {}
-    dyn = cfg.get("dynamic_batching") or {}
-    qp = dyn.get("default_queue_policy") or {}
-    groups = cfg.get("instance_group") or [{}]
+    def obj(v: Any) -> dict[str, Any]:  # a config is the server's word: checked, not trusted
+        return v if isinstance(v, dict) else {}
+
+    dyn = obj(cfg.get("dynamic_batching"))
+    qp = obj(dyn.get("default_queue_policy"))
+    groups = [obj(g) for g in cfg.get("instance_group") or [{}]] if isinstance(
+        cfg.get("instance_group") or [], list) else [{}]
     found: dict[str, int | None] = {
         "max_batch_size": _int_or_none(cfg.get("max_batch_size")),
         "max_queue_delay_us": _int_or_none(dyn.get("max_queue_delay_microseconds", 0))
@@ -136,7 +140,9 @@ def read_policy(t: Target, overrides: dict[str, int | None]) -> ServerPolicy:
         "timeout_us": _int_or_none(qp.get("default_timeout_microseconds", 0)) if cfg else None,
         "instances": sum(_int_or_none(g.get("count", 1)) or 1 for g in groups) if cfg else None,
     }
-    prefs = tuple(int(x) for x in dyn.get("preferred_batch_size") or ())
+    raw_prefs = dyn.get("preferred_batch_size") or ()
+    prefs = tuple(p for p in (_int_or_none(x) for x in (
+        raw_prefs if isinstance(raw_prefs, list) else ())) if p is not None)
     given = {k: v for k, v in overrides.items() if v is not None}
     merged = {**found, **given}
     lacking = [k for k in ("max_batch_size", "max_queue_delay_us", "instances")
@@ -166,18 +172,21 @@ def read_policy(t: Target, overrides: dict[str, int | None]) -> ServerPolicy:
 
 
 def _int_or_none(v: Any) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
+    if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
         return None
+    try:
+        n = int(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return n if -(2**62) < n < 2**62 else None
 
 
 def batch_stats(t: Target) -> dict[int, tuple[int, int]] | None:
     """Per batch size (rows): executions and total compute ns (input + infer + output),
     from the server's Triton-style statistics; None where it has none."""
     try:
-        r = httpx.get(f"{t.base}/v2/models/{t.model}/stats", timeout=10)
-        rows = r.json()["model_stats"][0]["batch_stats"]
+        rows = fetch("GET", f"{t.base}/v2/models/{t.model}/stats").json()[
+            "model_stats"][0]["batch_stats"]
         out = {}
         for b in rows:
             parts = [b.get(k) or {} for k in ("compute_input", "compute_infer",
@@ -185,7 +194,7 @@ def batch_stats(t: Target) -> dict[int, tuple[int, int]] | None:
             out[int(b["batch_size"])] = (int(parts[1].get("count", 0)),
                                          sum(int(p.get("ns", 0)) for p in parts))
         return out
-    except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError):
+    except (StoreError, KeyError, IndexError, ValueError, TypeError, AttributeError):
         return None
 
 
@@ -256,11 +265,11 @@ def _closed(t: Target, bodies: list[bytes], clients: int, n: int) -> Any:
 def _answer_to(t: Target, body: bytes) -> str:
     """The server's answer to one request, cut short: what a failing server says."""
     try:
-        r = httpx.post(f"{t.base}/v2/models/{t.model}/infer", content=body, timeout=10,
-                       headers={"Content-Type": "application/json"})
-    except httpx.HTTPError as exc:
-        return cut(f"{type(exc).__name__}: {exc}", 200)
-    return cut(f"HTTP {r.status_code} {r.text}", 200).replace("\n", " ")
+        r = fetch("POST", f"{t.base}/v2/models/{t.model}/infer", body=body,
+                  headers={"Content-Type": "application/json"})
+    except StoreError as exc:
+        return cut(str(exc), 200)
+    return cut(f"HTTP {r.status} {r.head(200)}", 200)
 
 
 def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
