@@ -75,11 +75,14 @@ def test_client_times_match_the_servers_own(tmp_path: Path) -> None:
 def test_every_request_is_accounted_for_with_its_reason(tmp_path: Path, mode: str,
                                                         reason: str) -> None:
     args = ("law", "--ttft-ms", "60000") if mode == "slow" else (mode,)
+    # Only the slow mode is about time; the others' reason is what the server sends,
+    # which a busy machine may take longer than 1.5 s to send.
+    timeout_s = 1.5 if mode == "slow" else 20.0
     with mock(tmp_path, *args) as (url, _):
-        rec = step(url, 6, timeout_s=1.5)
+        rec = step(url, 6, timeout_s=timeout_s)
     assert len(rec.errors) == 6
     assert all(reason in e for e in rec.errors), rec.errors
-    assert (rec.done_ns - rec.intended_ns < 4e9).all()  # bounded time
+    assert (rec.done_ns - rec.intended_ns < (timeout_s + 2.5) * 1e9).all()  # bounded time
 
 
 def test_a_server_that_is_down_is_one_line() -> None:

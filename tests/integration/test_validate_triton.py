@@ -192,3 +192,79 @@ def test_replaying_a_real_tritons_trace_tells_its_closing_rule(tmp_path):
     assert sim.returncode == 0, sim.stderr[-2000:]
     assert json.loads(sim.stdout)["batching"]["mean_batch_size"] == pytest.approx(
         r["measured"]["mean_batch"], rel=0.25)
+
+
+# JSON tensor data for an FP32 [-1, 16] input: Triton 2.51 and the gateway refuse the
+# same bodies (Triton with a 500 "Unable to parse 'data'", the gateway with a 400: a
+# client's mistake) and take the same ones, except where the gateway is stricter on
+# purpose: NaN (not JSON; Triton's parser allows it) and a value past FP32's range
+# (Triton casts 1e39 to inf and answers NaN outputs).
+MALFORMED: dict[str, object] = {
+    "string": ["0.5"] * 16, "boolean": [True] * 16, "null": [None] * 16,
+    "object": [{"v": 1}] * 16, "too few": [0.5] * 15, "not a list": 0.5,
+}
+ACCEPTED: dict[str, object] = {
+    "numbers": [0.5] * 16, "integers": [1] * 16, "nested": [[0.5] * 16],
+    "mixed nesting": [0.5, [0.5] * 15],
+}
+STRICTER = {"1e39": [1e39] * 16}
+NAN_BODY = (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [NaN'
+            + b", 1" * 15 + b"]}]}")
+
+
+def _body(data: object) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
+                                   "data": data}]}).encode()
+
+
+@pytest.mark.slow
+def test_tensor_data_is_refused_and_taken_as_a_real_triton_does(tmp_path):
+    import warnings
+
+    import httpx
+
+    from servelab.gateway.app import Metrics, ServedModel, create_gateway
+    from servelab.gateway.demo import write_mlp
+    from servelab.gateway.runner import OnnxModel
+    from servelab.scenario import BatchingPolicy
+
+    py = pytriton_python()
+    if py is None:
+        pytest.skip("no PyTriton venv (scripts/test.sh builds .venv-pytriton)")
+    cases = {**MALFORMED, **ACCEPTED, **STRICTER}
+    triton: dict[str, int] = {}
+
+    def ask_triton(port: int) -> None:
+        url = f"http://127.0.0.1:{port}/v2/models/sleep/infer"
+        for name, data in cases.items():
+            triton[name] = httpx.post(url, content=_body(data), timeout=30).status_code
+        triton["NaN"] = httpx.post(url, content=NAN_BODY, timeout=30).status_code
+
+    ports: list[int] = []
+
+    def quick_command(port: int) -> list[str]:  # the bodies go in while Triton runs
+        ports.append(port)
+        return ["kv", "--json"]
+
+    done = run_against_triton(py, quick_command, before_stop=lambda: ask_triton(ports[-1]))
+    assert done.returncode == 0, done.stderr
+    metrics = Metrics()
+    served = ServedModel(OnnxModel(write_mlp(tmp_path / "m.onnx"), "sleep"),
+                         BatchingPolicy(max_batch_size=8), 1, metrics)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+        with TestClient(create_gateway([served], metrics=metrics),
+                        base_url="http://127.0.0.1") as c:
+            ours = {name: c.post("/v2/models/sleep/infer", content=_body(data)).status_code
+                    for name, data in cases.items()}
+            ours["NaN"] = c.post("/v2/models/sleep/infer", content=NAN_BODY).status_code
+    print("Triton:", triton, "servelab:", ours)
+    for name in MALFORMED:
+        assert triton[name] >= 400, (name, triton[name])
+        assert ours[name] == 400, (name, ours[name])
+    for name in ACCEPTED:
+        assert triton[name] == ours[name] == 200, (name, triton[name], ours[name])
+    for name in (*STRICTER, "NaN"):  # stricter on purpose; a Triton that refuses too is fine
+        assert ours[name] == 400, (name, ours[name])
