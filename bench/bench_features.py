@@ -5,10 +5,12 @@
    merge_asof. All three must give the same values. Target: within 1.2x of the
    raw ASOF join. 1b: a view with a created column and event-time ties, against a raw
    ASOF JOIN ordered by (event time, created time).
-2. Online reads of 10 features for 1 and for 100 entities through the public
-   get_online_features (values and per-feature status) vs raw sqlite3 running the same
-   SELECT (`= ?` and fetchone for one key, an IN list for a batch) and raw redis-py
-   (one HMGET, or a pipeline of them). Target: within 1.2x of the raw store.
+2. Online reads for 1 and for 100 entities through the public get_online_features
+   (values and per-feature status) vs raw sqlite3 running the same SELECTs (`= ?` and
+   fetchone for one key, an IN list for a batch) and raw redis-py (one HMGET, or one
+   pipeline of them for every view and key: one round trip). Two requests: one view's
+   10 features, and the fraud service (4 features over two views, a user key and a
+   merchant key). Target: within 1.2x of the raw store.
 3. Materialization rows per second into SQLite and Redis.
 
     python bench/bench_features.py [--entities 1000000] [--rows 2000000] [--reads 2000]
@@ -25,6 +27,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -41,7 +44,7 @@ from servelab.features.definitions import load_repo
 from servelab.features.example import generate
 from servelab.features.materialization import materialize, to_us
 from servelab.features.offline import get_historical_features
-from servelab.features.online import entity_key, get_online_features, open_store
+from servelab.features.online import get_online_features, open_store
 
 DAY_US = 86_400_000_000
 TTL_S = 3 * 86_400
@@ -218,14 +221,20 @@ def percentiles(times: list[float]) -> tuple[float, float]:
 def online_bench(root: Path, reads: int) -> None:
     generate(root, users=20_000, merchants=500, days=30, labels=10)
     repo = load_repo(root)
-    view = repo.views["user_stats"]
-    feats = list(view.feature_names)
     end = datetime(2024, 5, 31, tzinfo=UTC)
     now = to_us(end)
-    print(f"\n2. online reads of {len(feats)} features ({reads:,} reads each, p50 / p99 ms)")
+    requests = {  # name -> (feature refs, view -> its features)
+        "1 view": ([f"user_stats:{f}" for f in repo.views["user_stats"].feature_names],
+                   {"user_stats": list(repo.views["user_stats"].feature_names)}),
+        "service": (["service:fraud_model_v1"], {}),
+    }
+    for view, feat in repo.resolve(["service:fraud_model_v1"]):
+        requests["service"][1].setdefault(view.name, []).append(feat)
+    print(f"\n2. online reads ({reads:,} reads each, p50 / p99 ms): one view's "
+          f"{len(requests['1 view'][1]['user_stats'])} features, and the fraud service's "
+          f"{len(repo.resolve(['service:fraud_model_v1']))} over two views")
     with redis_server() as url:
-        stores = [("sqlite", None), ("redis", url)]
-        for kind, redis_url in stores:
+        for kind, redis_url in [("sqlite", None), ("redis", url)]:
             if kind == "redis" and redis_url is None:
                 print("   redis: redis-server not installed, skipped")
                 continue
@@ -234,58 +243,76 @@ def online_bench(root: Path, reads: int) -> None:
                 object.__setattr__(repo.config, "redis_url", redis_url)
             store = open_store(repo, kind)
             t0 = time.perf_counter()
-            summ = materialize(repo, store, end=end, views=["user_stats"])
+            summ = materialize(repo, store, end=end)
             t_mat = time.perf_counter() - t0
-            keys = [(u,) for u in range(1, 20_001)]
-            refs = [f"user_stats:{f}" for f in feats]
-            if kind == "sqlite":
-                con = sqlite3.connect(repo.config.sqlite_path)
-                cols = ", ".join(f'"{f}"' for f in feats)
-                one_sql = f"SELECT event_ts, {cols} FROM user_stats WHERE entity_key = ?"
-
-                def raw_read(batch: list[tuple[int]], con=con, cols=cols,
-                             one_sql=one_sql) -> None:
-                    if len(batch) == 1:  # the same statement servelab's one-key read runs
-                        con.execute(one_sql, (f"[{batch[0][0]}]",)).fetchone()
-                        return
-                    sql = (f"SELECT entity_key, event_ts, {cols} FROM user_stats WHERE "
-                           f"entity_key IN ({', '.join('?' for _ in batch)})")
-                    con.execute(sql, [entity_key(k) for k in batch]).fetchall()
-            else:
-                client = redis.Redis.from_url(redis_url)
-                fields = ["_ts", *feats]
-
-                prefix = f"{repo.config.name}:user_stats:"
-
-                def raw_read(batch: list[tuple[int]], client=client, fields=fields,
-                             prefix=prefix) -> None:
-                    if len(batch) == 1:  # one HMGET, no pipeline, as servelab's one-key read
-                        client.hmget(f"{prefix}[{batch[0][0]}]", fields)
-                        return
-                    pipe = client.pipeline(transaction=False)
-                    for k in batch:
-                        pipe.hmget(prefix + entity_key(k), fields)
-                    pipe.execute()
-            for n in (1, 100):
-                ours_t, raw_t = [], []
-                for i in range(reads):
-                    batch = [keys[(i * n + j) % len(keys)] for j in range(n)]
-                    # Interleave the two, so machine noise hits both alike.
-                    cols = {"user_id": [k[0] for k in batch]}
-                    t0 = time.perf_counter()
-                    get_online_features(repo, store, refs, cols, now)
-                    t1 = time.perf_counter()
-                    raw_read(batch)
-                    t2 = time.perf_counter()
-                    ours_t.append(t1 - t0)
-                    raw_t.append(t2 - t1)
-                (o50, o99), (r50, r99) = percentiles(ours_t), percentiles(raw_t)
-                print(f"   {kind:6} {n:3} entities  servelab {o50:6.3f} / {o99:6.3f}   raw "
-                      f"{r50:6.3f} / {r99:6.3f}   p50 ratio {o50 / r50:.2f}x (target <= 1.2x)")
+            raw_read = (raw_sqlite_reader(repo) if kind == "sqlite"
+                        else raw_redis_reader(repo, redis_url))
+            for name, (refs, by_view) in requests.items():
+                for n in (1, 100):
+                    ours_t, raw_t = [], []
+                    for i in range(reads):
+                        users = [1 + (i * n + j) % 20_000 for j in range(n)]
+                        merchants = [1 + (i * n + j) % 500 for j in range(n)]
+                        cols = {"user_id": users, "merchant_id": merchants}
+                        # Interleave the two, so machine noise hits both alike.
+                        t0 = time.perf_counter()
+                        get_online_features(repo, store, refs, cols, now)
+                        t1 = time.perf_counter()
+                        raw_read(by_view, users, merchants)
+                        t2 = time.perf_counter()
+                        ours_t.append(t1 - t0)
+                        raw_t.append(t2 - t1)
+                    (o50, o99), (r50, r99) = percentiles(ours_t), percentiles(raw_t)
+                    print(f"   {kind:6} {name:7} {n:3} entities  servelab {o50:6.3f} / "
+                          f"{o99:6.3f}   raw {r50:6.3f} / {r99:6.3f}   p50 ratio "
+                          f"{o50 / r50:.2f}x (target <= 1.2x)")
             rate = summ.rows_read / t_mat
             print(f"   {kind:6} materialization: {summ.rows_read:,} rows read, "
                   f"{summ.written:,} written in {t_mat:.2f} s = {rate:,.0f} rows/s")
             store.close()
+
+
+def _keys(view: str, users: list[int], merchants: list[int]) -> list[int]:
+    return users if view == "user_stats" else merchants
+
+
+def raw_sqlite_reader(repo: Any) -> Any:
+    """The same SELECTs servelab runs, by hand: `= ?` and fetchone for one key, an IN
+    list for a batch, one per view."""
+    con = sqlite3.connect(repo.config.sqlite_path)
+
+    def read(by_view: dict[str, list[str]], users: list[int], merchants: list[int]) -> None:
+        for view, feats in by_view.items():
+            cols = ", ".join(f'"{f}"' for f in feats)
+            keys = _keys(view, users, merchants)
+            if len(keys) == 1:
+                con.execute(f"SELECT event_ts, {cols} FROM {view} WHERE entity_key = ?",
+                            (f"[{keys[0]}]",)).fetchone()
+                continue
+            con.execute(f"SELECT entity_key, event_ts, {cols} FROM {view} WHERE entity_key "
+                        f"IN ({', '.join('?' for _ in keys)})",
+                        [f"[{k}]" for k in keys]).fetchall()
+
+    return read
+
+
+def raw_redis_reader(repo: Any, url: str) -> Any:
+    """Every view and key of a request in one round trip: one HMGET when there is one,
+    else one pipeline of HMGETs."""
+    client = redis.Redis.from_url(url)
+
+    def read(by_view: dict[str, list[str]], users: list[int], merchants: list[int]) -> None:
+        todo = [(f"{repo.config.name}:{view}:[{k}]", ["_ts", *feats])
+                for view, feats in by_view.items() for k in _keys(view, users, merchants)]
+        if len(todo) == 1:
+            client.hmget(*todo[0])
+            return
+        pipe = client.pipeline(transaction=False)
+        for key, fields in todo:
+            pipe.hmget(key, fields)
+        pipe.execute()
+
+    return read
 
 
 def main() -> None:

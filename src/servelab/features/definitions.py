@@ -7,6 +7,7 @@ dataclasses. A feature is referenced as ``view:feature``; output columns are
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -266,6 +267,10 @@ def _repo(raw: dict[str, Any], root: Path) -> Repo:
         where = f"[views.{name}]"
         _check_keys(where, v, {"entities", "source", "timestamp", "created", "ttl_s", "features"})
         ents = v.get("entities", [])
+        if not isinstance(ents, list) or not all(isinstance(en, str) for en in ents):
+            raise invalid(f"{where} entities", ents, "a list of entity names",
+                          f"write entities = [{json.dumps(str(ents))}]" if isinstance(ents, str)
+                          else 'write entities = ["user"]')
         for en in ents:
             if en not in entities:
                 raise _unknown(f"{where} entity", en, entities)

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from servelab.errors import InputError, cut, invalid
 from servelab.features.definitions import DTYPES, FeatureView, Repo
+from servelab.features.keys import typed_key_column
 
 ENTITY_TS = "event_timestamp"
 ROW = "__row"
@@ -101,7 +102,18 @@ def prepare_entities(rows: Any, views: list[FeatureView], ts_col: str = ENTITY_T
                               f"join key {key!r}, needed by view {view.name!r}",
                               f"add a {key} column to the entity rows")
     ts = to_utc(table[ts_col], f"entity rows column {ts_col!r}")
+    if ts.null_count:
+        first = next(i for i, v in enumerate(ts.is_null().to_pylist()) if v)
+        raise invalid(f"entity rows column {ts_col!r}", f"{ts.null_count:,} empty (NaT or "
+                      f"null) times, the first in row {first}", "a point in time on every row",
+                      "drop those rows or give each one its time")
     table = table.set_column(table.column_names.index(ts_col), ts_col, ts)
+    typed: dict[str, str] = {}
+    for view in views:
+        typed.update(view.key_dtypes)
+    for key, dtype in typed.items():  # the same typing as the online read's
+        i = table.column_names.index(key)
+        table = table.set_column(i, key, typed_key_column(key, dtype, table.column(i)))
     return table.append_column(ROW, pa.array(range(table.num_rows), pa.int64()))
 
 
@@ -166,13 +178,28 @@ def get_historical_features(repo: Repo, entity_rows: Any, features: list[str], *
     if engine == "duckdb":
         from servelab.features.offline.duckdb import DuckDBEngine
 
-        return DuckDBEngine(repo).get_historical_features(
+        table = DuckDBEngine(repo).get_historical_features(
             entity_rows, features, full_feature_names=full_feature_names,
             timestamp_column=timestamp_column)
-    if engine == "spark":
+    elif engine == "spark":
         from servelab.features.offline.spark import SparkEngine
 
-        return SparkEngine.shared(repo).get_historical_features(
+        table = SparkEngine.shared(repo).get_historical_features(
             entity_rows, features, full_feature_names=full_feature_names,
             timestamp_column=timestamp_column)
-    raise invalid("engine", engine, "duckdb or spark", "use duckdb (embedded) or spark")
+    else:
+        raise invalid("engine", engine, "duckdb or spark", "use duckdb (embedded) or spark")
+    return nan_as_null(table, [output_name(v, f, full_feature_names)
+                               for v, f in repo.resolve(features)])
+
+
+def nan_as_null(table: pa.Table, columns: list[str]) -> pa.Table:
+    """A NaN feature value is no value, as the online stores keep it (SQLite NULL, Redis
+    an absent field) and the gateway serves it: null in a training set too."""
+    for name in columns:
+        i = table.schema.get_field_index(name)
+        col = table.column(i) if i >= 0 else None
+        if col is not None and pa.types.is_floating(col.type) and col.length() and \
+                pc.any(pc.is_nan(col)).as_py():
+            table = table.set_column(i, name, pc.if_else(pc.is_nan(col), None, col))
+    return table

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 from servelab.errors import invalid
 from servelab.features.definitions import FeatureView, Repo
+from servelab.features.keys import typed_key
 
 
 class Status(Enum):
@@ -68,6 +69,11 @@ def oldest_valid_us(view: FeatureView, now_us: int) -> int:
 # One key's prepared read: (key, now_us) -> (the values, typed, or None unless present;
 # the status). Built once per view and feature list by `OnlineStore.one_key_reader`.
 OneKeyRead = Callable[[tuple[Any, ...], int], tuple[Sequence[Any] | None, str]]
+# One entity row's prepared read over several views, one key each, in one round trip:
+# (a key per view, now_us) -> per view (values or None, status).
+RowRead = Callable[[Sequence[tuple[Any, ...]], int], list[tuple[Sequence[Any] | None, str]]]
+# A batch read of several views: (view, keys, features) each.
+ViewKeys = tuple[FeatureView, list[tuple[Any, ...]], Sequence[str]]
 
 
 def _to_str(raw: Any) -> str:
@@ -118,6 +124,17 @@ class OnlineStore(Protocol):
         statement, converters and TTL bound once."""
         ...
 
+    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]) -> RowRead:
+        """One entity row's read of every view it needs, prepared: one round trip for all
+        of them where the store has round trips (Redis)."""
+        ...
+
+    def read_columns_many(self, reads: Sequence[ViewKeys], now_us: int
+                          ) -> list[tuple[list[list[Any]], list[str]]]:
+        """`read_columns` for several views at once, in one round trip where the store
+        has round trips (Redis)."""
+        ...
+
     def get_meta(self, name: str) -> str | None: ...
 
     def set_meta(self, name: str, value: str) -> None: ...
@@ -150,10 +167,11 @@ def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
         raise invalid("entities", {k: len(v) for k, v in entities.items()},
                       "the same number of values for every join key",
                       "give one value per entity row for each key")
-    plan = _read_plan(repo, store, features, full_feature_names)
+    plan, row_read = _read_plan(repo, store, features, full_feature_names)
     if lengths == {1}:  # one entity row: the online path's commonest call
-        return _one_row(plan, entities, now_us)
+        return _one_row(plan, row_read, entities, now_us)
     out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
+    reads: list[ViewKeys] = []
     for step in plan:
         if len(step.join_keys) == 1:  # the common case, without a tuple comprehension per row
             col = entities.get(step.join_keys[0])
@@ -167,28 +185,34 @@ def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
             keys = list(zip(*[[c(v) for v in entities[k]]
                               for c, k in zip(step.key_convs, step.join_keys, strict=True)],
                             strict=True))
-        cols, statuses = store.read_columns(step.view, keys, step.features, now_us)
+        reads.append((step.view, keys, step.features))
+    for step, (cols, statuses) in zip(plan, store.read_columns_many(reads, now_us),
+                                      strict=True):
         out.update(zip(step.names, cols, strict=True))
         out.update(dict.fromkeys(step.status_names, statuses))  # one list per view, shared
     return out
 
 
-def _one_row(plan: list[_ViewRead], entities: dict[str, list[Any]], now_us: int
-             ) -> dict[str, list[Any]]:
-    """`get_online_features` for one entity row: each view's prepared one-key read, and the
-    result built straight from its row (the same columns as the batch path)."""
+def _one_row(plan: list[_ViewRead], row_read: RowRead, entities: dict[str, list[Any]],
+             now_us: int) -> dict[str, list[Any]]:
+    """`get_online_features` for one entity row: every view's key read at once (the store's
+    prepared row read), and the result built straight from its rows (the same columns as
+    the batch path)."""
     out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
-    for view, _, key_convs, names, status_names, join_keys, one in plan:
+    keys: list[tuple[Any, ...]] = []
+    for view, _, key_convs, _names, _status_names, join_keys in plan:
         if len(join_keys) == 1:
             col = entities.get(join_keys[0])
             if col is None:
                 raise _missing_keys(view, entities)
-            key: tuple[Any, ...] = (key_convs[0](col[0]),)
+            keys.append((key_convs[0](col[0]),))
         else:
             if not entities.keys() >= set(join_keys):
                 raise _missing_keys(view, entities)
-            key = tuple([c(entities[k][0]) for c, k in zip(key_convs, join_keys, strict=True)])
-        values, status = one(key, now_us)
+            keys.append(tuple([c(entities[k][0])
+                               for c, k in zip(key_convs, join_keys, strict=True)]))
+    for step, (values, status) in zip(plan, row_read(keys, now_us), strict=True):
+        names, status_names = step.names, step.status_names
         if values is None:
             values = (None,) * len(names)
         for name, v in zip(names, values, strict=True):
@@ -254,7 +278,7 @@ def _all_present(statuses: list[str]) -> bool:
 
 class _ViewRead(NamedTuple):
     """One view's part of a `get_online_features` call, prepared once per feature list and
-    store: its features, key converters, output names and the store's one-key read."""
+    store: its features, key converters and output names."""
 
     view: FeatureView
     features: tuple[str, ...]
@@ -262,17 +286,17 @@ class _ViewRead(NamedTuple):
     names: list[str]
     status_names: list[str]
     join_keys: tuple[str, ...]
-    one: OneKeyRead
 
 
 def _read_plan(repo: Repo, store: OnlineStore, features: list[str], full: bool
-               ) -> list[_ViewRead]:
-    """Per view: its features, key converters, output names and prepared one-key read;
-    kept on the repo (bounded with its other derived entries) for this store."""
+               ) -> tuple[list[_ViewRead], RowRead]:
+    """Per view: its features, key converters and output names; and the store's prepared
+    read of one entity row over all of them. Kept on the repo (bounded with its other
+    derived entries) for this store."""
     key = ("online-plan", tuple(features), full, id(store))
-    hit: tuple[OnlineStore, list[_ViewRead]] | None = repo.cache.get(key)
+    hit: tuple[OnlineStore, list[_ViewRead], RowRead] | None = repo.cache.get(key)
     if hit is not None and hit[0] is store:  # (the entry holds its store: an id not reused)
-        return hit[1]
+        return hit[1], hit[2]
     by_view: dict[str, tuple[FeatureView, list[str]]] = {}
     for view, feat in repo.resolve(features):
         by_view.setdefault(view.name, (view, []))[1].append(feat)
@@ -280,25 +304,30 @@ def _read_plan(repo: Repo, store: OnlineStore, features: list[str], full: bool
     for view, feats in by_view.values():
         names = [f"{view.name}__{f}" if full else f for f in feats]
         plan.append(_ViewRead(view, tuple(feats), [_key_converter(view, k) for k in view.join_keys],
-                              names, [f"{nm}__status" for nm in names], tuple(view.join_keys),
-                              store.one_key_reader(view, feats)))
-    repo.cache[key] = (store, plan)
-    return plan
+                              names, [f"{nm}__status" for nm in names], tuple(view.join_keys)))
+    row_read = store.row_reader([(p.view, p.features) for p in plan])
+    repo.cache[key] = (store, plan, row_read)
+    return plan, row_read
+
+
+def row_reader_of_one_key_reads(reads: Sequence[OneKeyRead]) -> RowRead:
+    """A row read made of one-key reads, one after another (a store without round trips,
+    or one view)."""
+    if len(reads) == 1:
+        one = reads[0]
+        return lambda keys, now_us: [one(keys[0], now_us)]
+    return lambda keys, now_us: [r(k, now_us) for r, k in zip(reads, keys, strict=True)]
 
 
 def _key_converter(view: FeatureView, key: str) -> Callable[[Any], Any]:
-    """A join-key value in its declared type (so "5" typed on a command line finds 5)."""
+    """A join-key value in its declared type (features/keys.py: the offline join types
+    its key columns the same way)."""
     dtype = dict(view.key_dtypes)[key]
-    want = int if dtype.startswith("int") else str
+    want = str if dtype == "string" else int
 
     def conv(value: Any) -> Any:
-        if type(value) is want:
+        if type(value) is want:  # the common case, at no cost
             return value
-        try:
-            return want(value)
-        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
-            raise invalid(f"entity {key}", value, f"a {dtype} value",
-                          f"give {key} as a {'whole number' if want is int else 'string'}"
-                          ) from None
+        return typed_key(key, dtype, value)
 
     return conv

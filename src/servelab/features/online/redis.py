@@ -3,7 +3,8 @@
 Key ``{project}:{view}:{entity_key}``; fields ``_ts`` and ``_cr`` (event and
 created time, microseconds) and one per feature (a null is an absent field).
 Newer-wins runs in one Lua script per row, so it is atomic; a batch of rows is
-one pipeline, a batch read one pipeline of HMGETs (one round trip). Every
+one pipeline. A request's read is one round trip whatever it spans: one HMGET for
+one key of one view, else one pipeline of HMGETs over every view and key. Every
 socket has a timeout, so an unreachable server is a clear error, not a hang.
 """
 
@@ -23,12 +24,15 @@ from servelab.features.online import (
     OneKeyRead,
     OnlineRow,
     OnlineValue,
+    RowRead,
     Status,
+    ViewKeys,
     columns_from_rows,
     columns_given,
     converter,
     entity_key,
     oldest_valid_us,
+    row_reader_of_one_key_reads,
     ttl_us,
 )
 
@@ -138,18 +142,69 @@ class RedisStore:
 
     def read_columns(self, view: FeatureView, keys: list[tuple[Any, ...]], features: Sequence[str],
                      now_us: int) -> tuple[list[list[Any]], list[str]]:
-        replies = self._hmget(view, keys, features)
+        # Many keys: the statuses from the stored times, then the replies' columns as they
+        # are (no row rebuilt with its time converted first).
+        return self._columns(view, self._hmget(view, keys, features), features, now_us)
+
+    def read_columns_many(self, reads: Sequence[ViewKeys], now_us: int
+                          ) -> list[tuple[list[list[Any]], list[str]]]:
+        """Every view's keys in one pipeline (one round trip), then each view's columns
+        as `read_columns` builds them."""
+        if len(reads) == 1:
+            return [self.read_columns(*reads[0], now_us)]
+        pipe = self.client.pipeline(transaction=False)
+        for view, keys, features in reads:
+            fields, prefix = ["_ts", *features], f"{self.prefix}{view.name}:"
+            for key in keys:
+                pipe.hmget(prefix + entity_key(key), fields)
+        replies: list[Any] = self._guard(pipe.execute)
+        out, at = [], 0
+        for view, keys, features in reads:
+            part, at = replies[at:at + len(keys)], at + len(keys)
+            out.append(self._columns(view, part, features, now_us))
+        return out
+
+    def _columns(self, view: FeatureView, replies: list[Any], features: Sequence[str],
+                 now_us: int) -> tuple[list[list[Any]], list[str]]:
         convs = [converter(view.dtype(f)) for f in features]
         oldest = oldest_valid_us(view, now_us)
-        if len(replies) == 1:  # one key: columns_from_rows's own one-row path
+        if len(replies) == 1:
             r = replies[0]
             return columns_from_rows([None if r[0] is None else (int(r[0]), *r[1:])], oldest,
                                      len(features), convs)
-        # Many: the statuses from the stored times, then the replies' columns as they are
-        # (no row rebuilt with its time converted first).
         statuses = [MISSING if r[0] is None else (EXPIRED if int(r[0]) < oldest else PRESENT)
                     for r in replies]
         return columns_given(replies, statuses, len(features), convs), statuses
+
+    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]) -> RowRead:
+        """One key of each view in one round trip: a plain HMGET for one view, else one
+        pipeline of HMGETs (one write, one read of every reply)."""
+        if len(parts) == 1:
+            return row_reader_of_one_key_reads([self.one_key_reader(*parts[0])])
+        prepared = []
+        for view, features in parts:
+            prepared.append((f"{self.prefix}{view.name}:", ["_ts", *features],
+                             [converter(view.dtype(f)) for f in features], ttl_us(view)))
+        client = self.client
+
+        def read(keys: Sequence[tuple[Any, ...]], now_us: int
+                 ) -> list[tuple[Sequence[Any] | None, str]]:
+            pipe = client.pipeline(transaction=False)
+            for (prefix, fields, _, _), key in zip(prepared, keys, strict=True):
+                pipe.hmget(prefix + entity_key(key), fields)
+            replies = self._guard(pipe.execute)
+            out: list[tuple[Sequence[Any] | None, str]] = []
+            for (_, _, convs, ttl), reply in zip(prepared, replies, strict=True):
+                if reply[0] is None:
+                    out.append((None, MISSING))
+                elif ttl is not None and int(reply[0]) < now_us - ttl:
+                    out.append((None, EXPIRED))
+                else:
+                    out.append(([None if v is None else c(v)
+                                 for c, v in zip(convs, reply[1:], strict=True)], PRESENT))
+            return out
+
+        return read
 
     def one_key_reader(self, view: FeatureView, features: Sequence[str]) -> OneKeyRead:
         fields = ["_ts", *features]

@@ -23,12 +23,15 @@ from servelab.features.online import (
     OneKeyRead,
     OnlineRow,
     OnlineValue,
+    RowRead,
     Status,
+    ViewKeys,
     _keep,
     columns_from_rows,
     converter,
     entity_key,
     oldest_valid_us,
+    row_reader_of_one_key_reads,
     ttl_us,
 )
 
@@ -190,6 +193,14 @@ class SQLiteStore:
                     ], PRESENT
 
         return read
+
+    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]) -> RowRead:
+        # No round trips in an embedded store: each view's prepared one-key read.
+        return row_reader_of_one_key_reads([self.one_key_reader(v, f) for v, f in parts])
+
+    def read_columns_many(self, reads: Sequence[ViewKeys], now_us: int
+                          ) -> list[tuple[list[list[Any]], list[str]]]:
+        return [self.read_columns(v, k, f, now_us) for v, k, f in reads]
 
     def _read_failed(self, view: FeatureView, exc: sqlite3.Error) -> StoreError:
         return StoreError(f"online store sqlite {self.path}: read of {view.name!r} failed "
