@@ -26,8 +26,12 @@ class Url:
 
     @property
     def base(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
+        return base_url(self.scheme, self.host, self.port)
+
+
+def base_url(scheme: str, host: str, port: int) -> str:
+    """scheme://host:port, an IPv6 address in brackets."""
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def split_url(flag: str, url: str, *, schemes: tuple[str, ...] = ("http",),

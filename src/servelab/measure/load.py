@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import InputError, StoreError, cut, invalid
-from servelab.measure.client import fetch, split_url
+from servelab.measure.client import base_url, fetch, split_url
 from servelab.measure.loadgen import (
     LoadResult,
     constant_offsets,
@@ -49,8 +49,7 @@ class Target:
 
     @property
     def base(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return base_url("http", self.host, self.port)
 
 
 def parse_url(url: str, model: str) -> Target:
