@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import gc
-import signal
-import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from servelab.errors import InputError, cut
-from servelab.scenario import BatchingPolicy
 
 stderr = Console(stderr=True)
-SWITCH_INTERVAL_S = 0.0005
 
 
 def serve(
@@ -90,140 +85,54 @@ def serve(
         min=1, max=65536)] = 256.0,
 ) -> None:
     """Serve ONNX models over the Open Inference Protocol v2, batched with Triton's rules."""
-    import uvicorn
-
     from servelab.api import load
-    from servelab.features.definitions import load_repo
-    from servelab.gateway.app import Metrics, ServedModel, create_gateway
-    from servelab.gateway.join import FeatureJoin, MissingPolicy
-    from servelab.gateway.log import ServedLog
     from servelab.gateway.repository import load_repository
-    from servelab.gateway.runner import OnnxModel
-    from servelab.http import (
-        ConnectionLimits,
-        allowed_hosts,
-        check_can_listen,
-        guarded_http_protocol,
-    )
+    from servelab.gateway.server import GatewaySpec, build, run
 
-    given: dict[str, Any] = {
+    policy = load(scenario, {
         "batching.max_batch_size": max_batch_size,
         "batching.max_queue_delay_microseconds": max_queue_delay_us,
         "batching.preferred_batch_size": preferred_batch_size or None,
         "batching.max_queue_size": max_queue_size,
         "batching.default_timeout_microseconds": timeout_us,
         "batching.instances_per_gpu": instances,
-    }
-    policy = load(scenario, given).batching
-    specs: list[tuple[str, str, BatchingPolicy]] = []
-    for spec in model or []:
-        name, sep, path = spec.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise InputError(f"--model = {cut(spec)!r}: expected NAME=PATH.onnx; "
-                             "fix: e.g. --model fraud=model.onnx")
-        if not Path(path).is_file():
-            raise InputError(f"--model = {cut(spec)!r}: no such file {cut(path)!r}; "
-                             "fix: check the path")
-        specs.append((name.strip(), path.strip(), policy))
+    }).batching
+    models = [(*_model_flag(m), policy) for m in model or []]
     if model_repository is not None:
-        specs += [(m.name, str(m.path), m.policy) for m in load_repository(model_repository)]
+        models += [(m.name, str(m.path), m.policy) for m in load_repository(model_repository)]
     if demo:
         feature_repo, feature_service, demo_model = build_demo(demo_dir)
-        specs.append(("fraud", str(demo_model), policy))
+        models.append(("fraud", str(demo_model), policy))
         log_dir = log_dir or feature_repo / "served_log"
         drift_reference = drift_reference or feature_repo / "training_set.parquet"
-    if not specs:
-        raise InputError("--model: none given; fix: --model NAME=PATH.onnx, "
-                         "--model-repository DIR, or --demo")
-    if len({n for n, _, _ in specs}) != len(specs):
-        raise InputError("--model: a name is given twice; fix: one NAME per model")
-    if missing not in ("default", "reject"):
-        raise InputError(f"--missing = {cut(missing)!r}: expected default or reject")
-    join = None
-    if feature_repo is not None or feature_service is not None:
-        if feature_repo is None or feature_service is None:
-            raise InputError("--feature-repo/--feature-service: give both, to join a feature "
-                             "service's online values into the model's input")
-        join = FeatureJoin(load_repo(feature_repo), feature_service, store,
-                           MissingPolicy(missing))
-        join.store()  # reach the store now: a wrong URL fails here, not on the first request
-    reference = None
-    if drift_reference is not None:
-        from servelab.drift_cli import read_side
+    gw = build(GatewaySpec(
+        tuple(models), feature_repo, feature_service, store, missing, log_dir, trace_file,
+        trace_requests, drift_reference, drift_window, drift_interval, host, port,
+        tuple(allow_host or ()), max_connections, header_timeout_s, body_timeout_s,
+        max_inflight_mb))
 
-        if join is None:
-            raise InputError("--drift-reference: drift is watched on joined features; fix: "
-                             "serve with --feature-repo and --feature-service (or --demo)")
-        reference = read_side(drift_reference, "--drift-reference", list(join.feature_names))
-    trace = None
-    if trace_file is not None:
-        from servelab.trace_file import TraceWriter
+    def say(line: str) -> None:
+        stderr.print(line, highlight=False, markup=False)
 
-        trace = TraceWriter(trace_file, limit=trace_requests)
-    metrics = Metrics()
-    served = []
-    for name, path, pol in specs:
-        monitor = None
-        if reference is not None and join is not None:
-            from servelab.gateway.drift_monitor import DriftMonitor
-
-            monitor = DriftMonitor(name, join.feature_names, reference, window=drift_window,
-                                   interval_s=drift_interval)
-        served.append(ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
-                                  join=join, log=(ServedLog(log_dir, name) if log_dir else None),
-                                  drift=monitor, trace=trace))
-    app = create_gateway(served, allowed_hosts=allowed_hosts(host, allow_host),
-                         metrics=metrics, body_timeout_s=body_timeout_s,
-                         max_inflight_bytes=int(max_inflight_mb * 1024 * 1024))
-    limits = ConnectionLimits(max_connections, header_timeout_s).fitted_to_file_limit()
-    if limits.max_connections < max_connections:
-        stderr.print(f"--max-connections: {limits.max_connections} (the open-file limit "
-                     "allows no more)", highlight=False)
-    check_can_listen(host, port)
-    for name, _, pol in specs:
-        stderr.print(f"  {name}: max_batch_size {pol.max_batch_size}, max_queue_delay "
-                     f"{pol.max_queue_delay_microseconds} us, {pol.instances_per_gpu} "
-                     "instance(s)", highlight=False)
-    stderr.print(f"servelab serve on http://{host}:{port} (Ctrl+C to stop)", highlight=False)
-    # SIGTERM / Ctrl+C: stop accepting, answer what was accepted (up to 30 s), then exit.
     if demo:
-        stderr.print(f"demo repo: {feature_repo}; try:\n  curl -s -X POST http://{host}:{port}"
-                     "/v2/models/fraud/infer -d '{\"inputs\": [{\"name\": \"user_id\", "
-                     "\"datatype\": \"INT64\", \"shape\": [1, 1], \"data\": [7]}, "
-                     "{\"name\": \"merchant_id\", \"datatype\": \"INT64\", \"shape\": "
-                     "[1, 1], \"data\": [3]}]}'", highlight=False, markup=False)
-    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was
-    # there before it: make that one leave through `finally`, so the served log is
-    # flushed and the stores closed.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
-    # The instance and batcher threads need the GIL back the moment their wait or the
-    # model's run ends; Python's default 5 ms switch interval would let a busy event loop
-    # hold them off for that long (Triton's threads have no such lock).
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    # What startup made (models, stores, the app) lives as long as the process: freeze it
-    # out of the collector, so a full collection under load scans only what serving made.
-    gc.collect()
-    gc.freeze()
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                    proxy_headers=False, timeout_graceful_shutdown=30,
-                    http=guarded_http_protocol(limits), backlog=4096)
-    finally:
-        for sm in served:
-            if sm.log is not None:
-                sm.log.close()
-            if sm.drift is not None:
-                sm.drift.close()
-        if join is not None:
-            join.close()
-        if trace is not None:
-            trace.flush()
-        sys.stderr.flush()
+        say(f"demo repo: {feature_repo}; try:\n  curl -s -X POST http://{host}:{port}"
+            "/v2/models/fraud/infer -d '{\"inputs\": [{\"name\": \"user_id\", "
+            "\"datatype\": \"INT64\", \"shape\": [1, 1], \"data\": [7]}, "
+            "{\"name\": \"merchant_id\", \"datatype\": \"INT64\", \"shape\": "
+            "[1, 1], \"data\": [3]}]}'")
+    run(gw, say)
 
 
-def _exit_cleanly(signum: int, frame: Any) -> None:
-    raise SystemExit(0)
+def _model_flag(spec: str) -> tuple[str, str]:
+    """--model NAME=PATH.onnx, checked."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise InputError(f"--model = {cut(spec)!r}: expected NAME=PATH.onnx; "
+                         "fix: e.g. --model fraud=model.onnx")
+    if not Path(path).is_file():
+        raise InputError(f"--model = {cut(spec)!r}: no such file {cut(path)!r}; "
+                         "fix: check the path")
+    return name.strip(), path.strip()
 
 
 def build_demo(directory: Path | None) -> tuple[Path, str, Path]:

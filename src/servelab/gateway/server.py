@@ -1,0 +1,169 @@
+"""The gateway assembled and run: a checked GatewaySpec (what `servelab serve`'s flags
+say) -> Gateway (the loaded models, the feature join, the served log, drift and trace
+writers, the app) -> run on uvicorn with the guarded protocol, closed in order."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.errors import InputError, cut
+from servelab.scenario import BatchingPolicy
+
+# The instance and batcher threads need the GIL back the moment their wait or the
+# model's run ends; Python's default 5 ms switch interval would let a busy event loop
+# hold them off for that long (Triton's threads have no such lock).
+SWITCH_INTERVAL_S = 0.0005
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """Everything the gateway is started with (each model with its own policy)."""
+
+    models: tuple[tuple[str, str, BatchingPolicy], ...]  # (name, .onnx path, policy)
+    feature_repo: Path | None = None
+    feature_service: str | None = None
+    store: str | None = None
+    missing: str = "default"
+    log_dir: Path | None = None
+    trace_file: Path | None = None
+    trace_requests: int = 1_000_000
+    drift_reference: Path | None = None
+    drift_window: int = 10_000
+    drift_interval_s: float = 10.0
+    host: str = "127.0.0.1"
+    port: int = 8000
+    allow_host: tuple[str, ...] = ()
+    max_connections: int = 1000
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_inflight_mb: float = 256.0
+
+    def check(self) -> None:
+        if not self.models:
+            raise InputError("--model: none given; fix: --model NAME=PATH.onnx, "
+                             "--model-repository DIR, or --demo")
+        if len({n for n, _, _ in self.models}) != len(self.models):
+            raise InputError("--model: a name is given twice; fix: one NAME per model")
+        if self.missing not in ("default", "reject"):
+            raise InputError(f"--missing = {cut(self.missing)!r}: expected default or reject")
+        if (self.feature_repo is None) != (self.feature_service is None):
+            raise InputError("--feature-repo/--feature-service: give both, to join a feature "
+                             "service's online values into the model's input")
+        if self.drift_reference is not None and self.feature_repo is None:
+            raise InputError("--drift-reference: drift is watched on joined features; fix: "
+                             "serve with --feature-repo and --feature-service (or --demo)")
+
+
+@dataclass
+class Gateway:
+    """What a running gateway holds, to be closed in order when it stops."""
+
+    spec: GatewaySpec
+    app: Any
+    served: list[Any]
+    join: Any = None
+    trace: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        for sm in self.served:
+            if sm.log is not None:
+                sm.log.close()
+            if sm.drift is not None:
+                sm.drift.close()
+        if self.join is not None:
+            self.join.close()
+        if self.trace is not None:
+            self.trace.flush()
+
+
+def build(spec: GatewaySpec) -> Gateway:
+    """Load every model and reach every store now: a wrong path or URL fails here, not
+    on the first request."""
+    from servelab.features.definitions import load_repo
+    from servelab.gateway.app import Metrics, ServedModel, create_gateway
+    from servelab.gateway.join import FeatureJoin, MissingPolicy
+    from servelab.gateway.log import ServedLog
+    from servelab.gateway.runner import OnnxModel
+    from servelab.http import allowed_hosts
+
+    spec.check()
+    join = None
+    if spec.feature_repo is not None and spec.feature_service is not None:
+        join = FeatureJoin(load_repo(spec.feature_repo), spec.feature_service, spec.store,
+                           MissingPolicy(spec.missing))
+        join.store()
+    reference = None
+    if spec.drift_reference is not None and join is not None:
+        from servelab.drift_cli import read_side
+
+        reference = read_side(spec.drift_reference, "--drift-reference",
+                              list(join.feature_names))
+    trace = None
+    if spec.trace_file is not None:
+        from servelab.trace_file import TraceWriter
+
+        trace = TraceWriter(spec.trace_file, limit=spec.trace_requests)
+    metrics = Metrics()
+    served = []
+    for name, path, pol in spec.models:
+        monitor = None
+        if reference is not None and join is not None:
+            from servelab.gateway.drift_monitor import DriftMonitor
+
+            monitor = DriftMonitor(name, join.feature_names, reference,
+                                   window=spec.drift_window, interval_s=spec.drift_interval_s)
+        log = ServedLog(spec.log_dir, name) if spec.log_dir else None
+        served.append(ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
+                                  join=join, log=log, drift=monitor, trace=trace))
+    app = create_gateway(served, allowed_hosts=allowed_hosts(spec.host, list(spec.allow_host)),
+                         metrics=metrics, body_timeout_s=spec.body_timeout_s,
+                         max_inflight_bytes=int(spec.max_inflight_mb * 1024 * 1024))
+    return Gateway(spec, app, served, join, trace)
+
+
+def run(gw: Gateway, say: Callable[[str], None]) -> None:
+    """Serve until SIGTERM or Ctrl+C: stop accepting, answer what was accepted (up to
+    30 s), then close the logs, monitors, stores and trace."""
+    import uvicorn
+
+    from servelab.http import ConnectionLimits, check_can_listen, guarded_http_protocol
+
+    spec = gw.spec
+    limits = ConnectionLimits(spec.max_connections, spec.header_timeout_s
+                              ).fitted_to_file_limit()
+    if limits.max_connections < spec.max_connections:
+        say(f"--max-connections: {limits.max_connections} (the open-file limit allows no "
+            "more)")
+    check_can_listen(spec.host, spec.port)
+    for name, _, pol in spec.models:
+        say(f"  {name}: max_batch_size {pol.max_batch_size}, max_queue_delay "
+            f"{pol.max_queue_delay_microseconds} us, {pol.instances_per_gpu} instance(s)")
+    say(f"servelab serve on http://{spec.host}:{spec.port} (Ctrl+C to stop)")
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was
+    # there before it: make that one leave through `finally`, so the served log is
+    # flushed and the stores closed.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # What startup made (models, stores, the app) lives as long as the process: freeze it
+    # out of the collector, so a full collection under load scans only what serving made.
+    gc.collect()
+    gc.freeze()
+    try:
+        uvicorn.run(gw.app, host=spec.host, port=spec.port, log_level="warning",
+                    access_log=False, proxy_headers=False, timeout_graceful_shutdown=30,
+                    http=guarded_http_protocol(limits), backlog=4096)
+    finally:
+        gw.close()
+        sys.stderr.flush()
+
+
+def _exit_cleanly(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
