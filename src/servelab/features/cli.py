@@ -313,7 +313,6 @@ def bench(
     """Online-read latency for 1 and 100 entities (p50, p99): a feature-fetch figure for a
     serving scenario's latency budget."""
     from servelab.features.definitions import load_repo
-    from servelab.features.materialization import to_us
     from servelab.features.online import open_store
     if not 1 <= reads <= 1_000_000:
         raise invalid("--reads", reads, "a whole number from 1 to 1,000,000",
@@ -335,18 +334,7 @@ def bench(
     if not keys:
         raise invalid("--view", v.name, "a view with rows", "materialize it first")
     feats = list(v.feature_names)
-    now = to_us(datetime.now(UTC))
-    results = {}
-    for batch in (1, 100):
-        times = []
-        for i in range(reads):
-            pick = [keys[(i * batch + j) % len(keys)] for j in range(batch)]
-            t0 = time.perf_counter()
-            s.read(v, pick, feats, now)
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        results[batch] = {"p50_ms": statistics.median(times) * 1e3,
-                          "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))] * 1e3}
+    results = _time_reads(s, v, keys, feats, reads)
     s.close()
     out = {"store": store or r.config.online, "view": v.name, "features": len(feats),
            "reads": reads, "entities_1": results[1], "entities_100": results[100],
@@ -378,6 +366,26 @@ def bench(
     if scenario_out is not None:
         stdout.print(f"wrote {scenario_out}: try `servelab plan --scenario {scenario_out}`",
                      highlight=False, markup=False)
+
+
+def _time_reads(s: Any, v: Any, keys: list[tuple[Any, ...]], feats: list[str], reads: int
+                ) -> dict[int, dict[str, float]]:
+    """p50 and p99 of `reads` online reads of 1 and of 100 keys."""
+    from servelab.features.materialization import to_us
+
+    now = to_us(datetime.now(UTC))
+    results = {}
+    for batch in (1, 100):
+        times = []
+        for i in range(reads):
+            pick = [keys[(i * batch + j) % len(keys)] for j in range(batch)]
+            t0 = time.perf_counter()
+            s.read(v, pick, feats, now)
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        results[batch] = {"p50_ms": statistics.median(times) * 1e3,
+                          "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))] * 1e3}
+    return results
 
 
 @app.command("train")

@@ -360,6 +360,10 @@ def replay_trace(
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return
+    _print_replay(report)
+
+
+def _print_replay(report: dict[str, Any]) -> None:
     t = Table(title=f"servelab replay-trace: {report['model'] or 'the model'}, "
                     f"{report['requests']:,} requests over {report['span_s']:.1f} s "
                     f"({report['offered_per_s']:.0f}/s)", title_justify="left")
