@@ -75,6 +75,10 @@ def main() -> None:
 
     simulate_policy(np.arange(10, dtype=np.int64), np.ones(33), np.ones(10),
                     BatchingPolicy(closing=Closing.ABSORB), 1)
+    from servelab.drift_kernels import count_numeric  # drift's kernels, both of them
+
+    for n_edges in (3, 40):
+        count_numeric(np.linspace(0, 1, 100), np.linspace(0, 1, n_edges))
     real_out.write(json.dumps({"ready": True}) + "\n")
     real_out.flush()
     for line in sys.stdin:

@@ -151,7 +151,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--max-concurrency", "--lengths", "--num-gpu-blocks-override",
                           "--scheduler", "--prefill-first-overhead-ms", "--per-seq-ms",
                           "--overlap", "--allreduce-latency-us", "--frontend-ms",
-                          "--burstiness", "--goodput", "--quantization", "--save-result"],
+                          "--burstiness", "--goodput", "--quantization"],
     # --url is not fuzzed (a load generator goes where it is told: loopback only here)
     ("llm", "load"): ["--request-rate", "--burstiness", "--max-concurrency", "--num-prompts",
                       "--dataset-name", "--dataset-path", "--random-input-len",
@@ -176,7 +176,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out", "--batcher-first",
                     "--server-cpus", "--client-cpus", "--no-calibrate"],
-    ("llm", "fit"): ["--max-evals", "--out", "--tp", "--gpu-memory-utilization",
+    # (no output paths here: a generated one would be written; the named cases hold them)
+    ("llm", "fit"): ["--max-evals", "--tp", "--gpu-memory-utilization",
                      "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
                      "--scheduler", "--model", "--gpu"],
     ("lab",): ["--port", "--data-dir", "--allow-host"],
