@@ -80,15 +80,16 @@ QUIET_OTHERS = 0.10
 ATTEMPTS = 3
 
 
-def _descendants_cpu_s() -> float:
-    """CPU seconds of the processes this one started that are still alive, with what
-    their own reaped children used (Linux /proc; 0 elsewhere)."""
+def _tree_cpu_s(with_reaped: bool) -> dict[int, float]:
+    """Per live process this one started (at any depth): its CPU seconds, with what its
+    own reaped children used if `with_reaped` (Linux /proc; {} elsewhere)."""
     import os
 
     me = os.getpid()
     parent: dict[int, int] = {}
     cpu: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
+    last = 15 if with_reaped else 13  # utime stime [cutime cstime]
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
@@ -99,16 +100,22 @@ def _descendants_cpu_s() -> float:
             continue
         pid = int(entry)
         parent[pid] = int(fields[1])
-        cpu[pid] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
-    total = 0.0
+        cpu[pid] = sum(int(x) for x in fields[11:last]) / tick
+    out = {}
     for pid, c in cpu.items():
         p, seen = parent.get(pid), 0
         while p is not None and p > 1 and seen < 64:
             if p == me:
-                total += c
+                out[pid] = c
                 break
             p, seen = parent.get(p), seen + 1
-    return total
+    return out
+
+
+def _descendants_cpu_s() -> float:
+    """CPU seconds of the processes this one started that are still alive, with what
+    their own reaped children used."""
+    return sum(_tree_cpu_s(with_reaped=True).values())
 
 
 def own_cpu_s() -> float:
@@ -133,31 +140,49 @@ def bounded_work(cpu_s: float, hang_s: float = 120.0) -> Iterator[None]:
 
 class HostUse:
     """How much of the machine's CPU time, over a span, went to other machines (the
-    hypervisor's steal) and to processes this test did not start."""
+    hypervisor's steal) and to processes this test did not start.
+
+    The test's own processes are sampled every 0.2 s while the span runs (each one's
+    latest CPU time kept), so a server that exits unreaped by the test (PyTriton's
+    tritonserver, stopped with its process group) still counts as the test's own."""
 
     def __init__(self) -> None:
+        import threading
+
+        self._seen: dict[int, float] = {}
+        self._base = _tree_cpu_s(with_reaped=False)
+        self._stop = threading.Event()
         self._start = self._now()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            self._seen.update(_tree_cpu_s(with_reaped=False))
 
     @staticmethod
     def _now() -> tuple[float, float, float, float]:
-        import os
+        import resource
 
         from servelab.measure.load import cpu_times
 
         wall, _, busy, steal, _ = cpu_times()
-        t = os.times()
-        own = t.user + t.system + t.children_user + t.children_system + _descendants_cpu_s()
-        return wall, busy, steal, own
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return wall, busy, steal, me.ru_utime + me.ru_stime
 
     def shares(self) -> tuple[float, float]:
         """(steal, others) as shares of all the CPUs' time since this was made."""
         import os
 
+        self._stop.set()
+        self._sampler.join()
+        self._seen.update(_tree_cpu_s(with_reaped=False))
         w0, b0, s0, o0 = self._start
         w1, b1, s1, o1 = self._now()
+        own = (o1 - o0) + sum(c - self._base.get(pid, 0.0) for pid, c in self._seen.items())
         cpu_s = max(w1 - w0, 1e-9) * (os.cpu_count() or 1)
         steal = max(s1 - s0, 0.0) / cpu_s
-        others = max((b1 - b0) - (s1 - s0) - (o1 - o0), 0.0) / cpu_s
+        others = max((b1 - b0) - (s1 - s0) - own, 0.0) / cpu_s
         return min(steal, 1.0), min(others, 1.0)
 
 

@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 
 from servelab.errors import StoreError
-from tests.services import free_port_run, judged_on_quiet_runs, server_process
+from tests.services import (
+    QUIET_OTHERS,
+    QUIET_STEAL,
+    HostUse,
+    free_port_run,
+    judged_on_quiet_runs,
+    server_process,
+    skip_host_busy,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "triton_sleep_server.py"
@@ -146,23 +154,42 @@ def test_replaying_a_real_tritons_trace_tells_its_closing_rule(tmp_path):
     py = pytriton_python()
     if py is None:
         pytest.skip("no PyTriton venv (scripts/test.sh builds .venv-pytriton)")
-    trace = tmp_path / "t.json"
+    tried: list[tuple[float, float, list[str]]] = []
+    for attempt in range(2):  # a fresh Triton each time; judged as the validate tests are
+        use = HostUse()
+        misses = replay_misses(py, tmp_path / f"a{attempt}")
+        steal, others = use.shares()
+        tried.append((steal, others, misses))
+        print(f"run {attempt + 1}: steal {steal:.1%}, other processes {others:.1%}, "
+              f"misses {misses}")
+        if not misses:
+            return
+    quiet = [t for t in tried if t[0] <= QUIET_STEAL and t[1] <= QUIET_OTHERS]
+    assert not quiet, f"runs with the CPUs quiet missed: {quiet}"
+    skip_host_busy(f"every run was busy (steal, others, misses): {tried}")
+
+
+def replay_misses(py: str, d: Path) -> list[str]:
+    """One traced load on a fresh Triton, replayed: what replay-trace reads and writes is
+    asserted; the fidelity figures that miss their tolerance are returned."""
+    d.mkdir()
+    trace = d / "t.json"
 
     def written() -> None:
         """Triton writes each 500 requests' traces as it goes, on its own time; a file
         not yet written when the server is stopped is lost (one run of session 10 had
         only the first when stopped at once), so wait for the second, up to 30 s."""
         deadline = time.monotonic() + 30
-        while len(list(tmp_path.glob("t.json.*"))) < 2 and time.monotonic() < deadline:
+        while len(list(d.glob("t.json.*"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
 
     out = run_against_triton(py, lambda port: [
         "load", "--url", f"http://127.0.0.1:{port}", "--model", "sleep", "--qps", "300",
         "--duration", "5", "--json"], str(trace), before_stop=written)
     assert out.returncode == 0, out.stderr[-3000:]
-    files = sorted(tmp_path.glob("t.json.*"))  # written every 500 requests
-    assert len(files) >= 2, (list(tmp_path.iterdir()), out.stdout[-2000:])
-    fitted_toml = tmp_path / "fitted.toml"
+    files = sorted(d.glob("t.json.*"))  # written every 500 requests
+    assert len(files) >= 2, (list(d.iterdir()), out.stdout[-2000:])
+    fitted_toml = d / "fitted.toml"
     rep = subprocess.run([sys.executable, "-m", "servelab", "replay-trace", *map(str, files),
                           "--max-batch-size", "32", "--max-queue-delay-us", "2000",
                           "--scenario-out", str(fitted_toml), "--json"],
@@ -171,27 +198,36 @@ def test_replaying_a_real_tritons_trace_tells_its_closing_rule(tmp_path):
     r = json.loads(rep.stdout)
     assert r["model"] == "sleep"
     assert r["requests"] >= 1000
-    # Triton starts batches while older requests it had room for wait for a later one
-    assert r["measured"]["left_behind_share"] > 0.1
-    triton, absorb = r["rules"]["triton"]["error"], r["rules"]["absorb"]["error"]
-    assert abs(triton["mean_batch"]) < 0.10, triton
-    assert abs(triton["queue_mean_ms"]) < 0.25, triton
-    assert abs(absorb["queue_mean_ms"]) > abs(triton["queue_mean_ms"]) + 0.15, (triton, absorb)
-    # The batcher thread wins some races at a completion (0.08-0.15 measured here); with
-    # that share fitted to the mean queue, the figures not fitted come closer.
-    assert 0.0 <= r["batcher_first"] <= 0.5, r["batcher_first"]
-    fitted = r["rules"]["triton, fitted race"]["error"]
-    assert abs(fitted["mean_batch"]) < 0.10, fitted
-    assert abs(fitted["left_behind_share"]) < 0.2, fitted
-    # Triton's batches vary (stalls of the shared machine): the measured spread is there
-    assert r["spread"]["cv"] > 0.02
+    assert 0.0 <= r["batcher_first"] <= 1.0, r["batcher_first"]
     # the fitted scenario runs as any other
     sim = subprocess.run([sys.executable, "-m", "servelab", "simulate", "--scenario",
                           str(fitted_toml), "--json"], capture_output=True, text=True,
                          timeout=300)
     assert sim.returncode == 0, sim.stderr[-2000:]
-    assert json.loads(sim.stdout)["batching"]["mean_batch_size"] == pytest.approx(
-        r["measured"]["mean_batch"], rel=0.25)
+    sim_batch = json.loads(sim.stdout)["batching"]["mean_batch_size"]
+    triton, absorb = r["rules"]["triton"]["error"], r["rules"]["absorb"]["error"]
+    fitted = r["rules"]["triton, fitted race"]["error"]
+    checks = [
+        # Triton starts batches while older requests it had room for wait for a later one
+        ("measured left_behind_share > 0.1", r["measured"]["left_behind_share"] > 0.1),
+        ("triton mean_batch within 10%", abs(triton["mean_batch"]) < 0.10),
+        ("triton queue_mean_ms within 25%", abs(triton["queue_mean_ms"]) < 0.25),
+        ("absorb's queue 15 points further off",
+         abs(absorb["queue_mean_ms"]) > abs(triton["queue_mean_ms"]) + 0.15),
+        # The batcher thread wins some races at a completion (0.08-0.15 measured here);
+        # with that share fitted to the mean queue, the figures not fitted come closer.
+        # (The race itself is issue 28's open mechanism: left_behind_share is the figure
+        # nearest its bound, 0.24 in one CI run.)
+        ("batcher_first at most 0.5", r["batcher_first"] <= 0.5),
+        ("fitted mean_batch within 10%", abs(fitted["mean_batch"]) < 0.10),
+        ("fitted left_behind_share within 0.2", abs(fitted["left_behind_share"]) < 0.2),
+        # Triton's batches vary (stalls of the shared machine): the measured spread is there
+        ("spread cv > 0.02", r["spread"]["cv"] > 0.02),
+        ("the fitted scenario's mean batch within 25%",
+         sim_batch == pytest.approx(r["measured"]["mean_batch"], rel=0.25)),
+    ]
+    return [f"{name} ({triton}, {fitted})" if "triton" in name or "fitted" in name else name
+            for name, ok in checks if not ok]
 
 
 # JSON tensor data for an FP32 [-1, 16] input: Triton 2.51 and the gateway refuse the
