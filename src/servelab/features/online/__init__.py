@@ -124,9 +124,10 @@ class OnlineStore(Protocol):
         statement, converters and TTL bound once."""
         ...
 
-    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]) -> RowRead:
-        """One entity row's read of every view it needs, prepared: one round trip for all
-        of them where the store has round trips (Redis)."""
+    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]
+                   ) -> RowRead | None:
+        """One entity row's read of every view it needs, prepared as one round trip; None
+        where that saves nothing (an embedded store, or one view: its one-key reads)."""
         ...
 
     def read_columns_many(self, reads: Sequence[ViewKeys], now_us: int
@@ -193,32 +194,38 @@ def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
     return out
 
 
-def _one_row(plan: list[_ViewRead], row_read: RowRead, entities: dict[str, list[Any]],
-             now_us: int) -> dict[str, list[Any]]:
-    """`get_online_features` for one entity row: every view's key read at once (the store's
-    prepared row read), and the result built straight from its rows (the same columns as
-    the batch path)."""
+def _one_row(plan: list[_ViewRead], row_read: RowRead | None,
+             entities: dict[str, list[Any]], now_us: int) -> dict[str, list[Any]]:
+    """`get_online_features` for one entity row: each view's prepared one-key read, or the
+    store's read of every view at once (one round trip), and the result built straight
+    from its rows (the same columns as the batch path)."""
     out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
     keys: list[tuple[Any, ...]] = []
-    for view, _, key_convs, _names, _status_names, join_keys in plan:
+    got: list[tuple[Sequence[Any] | None, str]] = []
+    for view, _, key_convs, _names, _status_names, join_keys, one in plan:
         if len(join_keys) == 1:
             col = entities.get(join_keys[0])
             if col is None:
                 raise _missing_keys(view, entities)
-            keys.append((key_convs[0](col[0]),))
+            key: tuple[Any, ...] = (key_convs[0](col[0]),)
         else:
             if not entities.keys() >= set(join_keys):
                 raise _missing_keys(view, entities)
-            keys.append(tuple([c(entities[k][0])
-                               for c, k in zip(key_convs, join_keys, strict=True)]))
-    for step, (values, status) in zip(plan, row_read(keys, now_us), strict=True):
-        names, status_names = step.names, step.status_names
+            key = tuple([c(entities[k][0]) for c, k in zip(key_convs, join_keys, strict=True)])
+        if row_read is None:
+            got.append(one(key, now_us))
+        else:
+            keys.append(key)
+    if row_read is not None:
+        got = row_read(keys, now_us)
+    for step, (values, status) in zip(plan, got, strict=True):
+        names = step.names
         if values is None:
             values = (None,) * len(names)
         for name, v in zip(names, values, strict=True):
             out[name] = [v]
         statuses = [status]  # one list per view, shared, as on the batch path
-        for name in status_names:
+        for name in step.status_names:
             out[name] = statuses
     return out
 
@@ -278,7 +285,7 @@ def _all_present(statuses: list[str]) -> bool:
 
 class _ViewRead(NamedTuple):
     """One view's part of a `get_online_features` call, prepared once per feature list and
-    store: its features, key converters and output names."""
+    store: its features, key converters, output names and the store's one-key read."""
 
     view: FeatureView
     features: tuple[str, ...]
@@ -286,15 +293,16 @@ class _ViewRead(NamedTuple):
     names: list[str]
     status_names: list[str]
     join_keys: tuple[str, ...]
+    one: OneKeyRead
 
 
 def _read_plan(repo: Repo, store: OnlineStore, features: list[str], full: bool
-               ) -> tuple[list[_ViewRead], RowRead]:
+               ) -> tuple[list[_ViewRead], RowRead | None]:
     """Per view: its features, key converters and output names; and the store's prepared
     read of one entity row over all of them. Kept on the repo (bounded with its other
     derived entries) for this store."""
     key = ("online-plan", tuple(features), full, id(store))
-    hit: tuple[OnlineStore, list[_ViewRead], RowRead] | None = repo.cache.get(key)
+    hit: tuple[OnlineStore, list[_ViewRead], RowRead | None] | None = repo.cache.get(key)
     if hit is not None and hit[0] is store:  # (the entry holds its store: an id not reused)
         return hit[1], hit[2]
     by_view: dict[str, tuple[FeatureView, list[str]]] = {}
@@ -304,19 +312,11 @@ def _read_plan(repo: Repo, store: OnlineStore, features: list[str], full: bool
     for view, feats in by_view.values():
         names = [f"{view.name}__{f}" if full else f for f in feats]
         plan.append(_ViewRead(view, tuple(feats), [_key_converter(view, k) for k in view.join_keys],
-                              names, [f"{nm}__status" for nm in names], tuple(view.join_keys)))
+                              names, [f"{nm}__status" for nm in names], tuple(view.join_keys),
+                              store.one_key_reader(view, feats)))
     row_read = store.row_reader([(p.view, p.features) for p in plan])
     repo.cache[key] = (store, plan, row_read)
     return plan, row_read
-
-
-def row_reader_of_one_key_reads(reads: Sequence[OneKeyRead]) -> RowRead:
-    """A row read made of one-key reads, one after another (a store without round trips,
-    or one view)."""
-    if len(reads) == 1:
-        one = reads[0]
-        return lambda keys, now_us: [one(keys[0], now_us)]
-    return lambda keys, now_us: [r(k, now_us) for r, k in zip(reads, keys, strict=True)]
 
 
 def _key_converter(view: FeatureView, key: str) -> Callable[[Any], Any]:

@@ -32,7 +32,6 @@ from servelab.features.online import (
     converter,
     entity_key,
     oldest_valid_us,
-    row_reader_of_one_key_reads,
     ttl_us,
 )
 
@@ -176,11 +175,12 @@ class RedisStore:
                     for r in replies]
         return columns_given(replies, statuses, len(features), convs), statuses
 
-    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]) -> RowRead:
-        """One key of each view in one round trip: a plain HMGET for one view, else one
-        pipeline of HMGETs (one write, one read of every reply)."""
+    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]
+                   ) -> RowRead | None:
+        """One key of each view in one round trip: one pipeline of HMGETs (one write, one
+        read of every reply); None for one view, whose one-key read is one HMGET."""
         if len(parts) == 1:
-            return row_reader_of_one_key_reads([self.one_key_reader(*parts[0])])
+            return None
         prepared = []
         for view, features in parts:
             prepared.append((f"{self.prefix}{view.name}:", ["_ts", *features],

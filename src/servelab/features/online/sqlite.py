@@ -31,7 +31,6 @@ from servelab.features.online import (
     converter,
     entity_key,
     oldest_valid_us,
-    row_reader_of_one_key_reads,
     ttl_us,
 )
 
@@ -194,9 +193,9 @@ class SQLiteStore:
 
         return read
 
-    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]) -> RowRead:
-        # No round trips in an embedded store: each view's prepared one-key read.
-        return row_reader_of_one_key_reads([self.one_key_reader(v, f) for v, f in parts])
+    def row_reader(self, parts: Sequence[tuple[FeatureView, Sequence[str]]]
+                   ) -> RowRead | None:
+        return None  # no round trips in an embedded store: each view's one-key read
 
     def read_columns_many(self, reads: Sequence[ViewKeys], now_us: int
                           ) -> list[tuple[list[list[Any]], list[str]]]:
