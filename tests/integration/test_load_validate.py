@@ -97,14 +97,19 @@ def test_load_command_on_a_server_without_statistics_and_validate_says_what_it_l
 
 def demo_misses(report: dict) -> list[str]:
     """Loose bounds (the README records the real figures): a simulator fitted wrongly
-    (policy, profile, outside time) misses these by far; and the diagnosis matches the
-    run's own compute time per request, as it says."""
+    (policy, profile, outside time) misses these by far. The diagnosis's scenario gives
+    the very batches the server ran the server's own compute time (`run_batches`, within
+    1%: what went in, apart from the batching); on the batches the simulator forms, its
+    compute per request also carries the batching's error. On this 2-core machine the
+    gateway's batches at 400/s came out 6-8% bigger than the simulator's (half of it the
+    client sending late in bunches: `on_sent_times`), which left compute 1-6% short."""
     misses = []
     for r in report["rates"]:
-        c, g = r["compare"], r["given_measured_compute"]["compare"]
+        c, g = r["compare"], r["given_measured_compute"]
         for k, e, tol in (("mean_batch", c["mean_batch"]["error"], 0.25),
                           ("p50_ms", c["p50_ms"]["error"], 0.25),
-                          ("given compute_ms", g["compute_ms"]["error"], 0.03)):
+                          ("run batches compute_ms", g["run_batches"]["error"], 0.01),
+                          ("given compute_ms", g["compare"]["compute_ms"]["error"], 0.08)):
             if not abs(e) < tol:
                 misses.append(f"{r['rate_per_s']:g}/s {k} {e:+.1%} (±{tol:.0%})")
     return misses
