@@ -222,6 +222,48 @@ def test_a_triton_model_repository_is_served_with_its_config(tmp_path):
         c.close()
 
 
+def test_batches_are_counted_in_rows_and_a_model_without_dynamic_batching_is_not_batched(
+        tmp_path):
+    """Measured on Triton 2.51 (issue 31): 16 concurrent 4-row requests with
+    max_batch_size 32 run as batches of at most 32 rows; without `dynamic_batching`
+    each request runs alone. The gateway had run 64-row batches and batched both."""
+    for name, batching in (("rows", "dynamic_batching { max_queue_delay_microseconds: "
+                                    "50000 }"), ("alone", "")):
+        d = tmp_path / "repo" / name
+        (d / "1").mkdir(parents=True)
+        write_mlp(d / "1" / "model.onnx")
+        (d / "config.pbtxt").write_text(f'name: "{name}" max_batch_size: 32 {batching}')
+    x = np.random.default_rng(2).normal(size=(4, 16)).astype(np.float32)
+
+    async def burst(url: str, model: str) -> None:
+        c = aioclient.InferenceServerClient(url)
+        inputs, outputs = request(x, True)
+        try:
+            results = await asyncio.gather(*[c.infer(model, inputs, outputs=outputs)
+                                             for _ in range(16)])
+        finally:
+            await c.close()
+        for r in results:
+            np.testing.assert_allclose(r.as_numpy("y"), mlp_reference(x), rtol=1e-5,
+                                       atol=1e-5)
+
+    with gateway(tmp_path, models=("--model-repository", str(tmp_path / "repo"))) as (_, url):
+        c = httpclient.InferenceServerClient(url)
+        assert "dynamic_batching" not in c.get_model_config("alone")
+        for model in ("rows", "alone"):
+            asyncio.run(burst(url, model))
+        stats = {s["name"]: s for s in c.get_inference_statistics()["model_stats"]}
+        c.close()
+    rows = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["rows"]["batch_stats"]}
+    assert stats["rows"]["inference_count"] == 64
+    assert max(rows) <= 32, rows
+    assert sum(size * n for size, n in rows.items()) == 64
+    alone = {b["batch_size"]: b["compute_infer"]["count"]
+             for b in stats["alone"]["batch_stats"]}
+    assert alone == {4: 16}, alone
+    assert stats["alone"]["execution_count"] == 16
+
+
 def test_servelab_load_measures_the_gateway(tmp_path):
     import csv
     import json

@@ -21,6 +21,7 @@ import numpy as np
 from servelab.batching.triton_engine import (
     IDLE_WAIT_NS,
     get_dynamic_batch,
+    get_dynamic_batch_rows,
     preference_tables,
 )
 from servelab.scenario import BatchingPolicy
@@ -35,6 +36,7 @@ class Payload(Generic[T]):
     items: list[T] = field(default_factory=list)
     arrivals_ns: list[int] = field(default_factory=list)
     started: bool = False
+    rows: int = 0  # the batch's size as Triton counts it: its requests' rows
 
 
 class BatcherCore(Generic[T]):
@@ -43,16 +45,26 @@ class BatcherCore(Generic[T]):
     ``on_start(payload)`` is called when an instance takes a payload; the caller runs
     it and calls ``complete(now)`` when it is done. ``arrive`` returns False when the
     queue is full (``max_queue_size``); ``step`` returns the requests that timed out.
+
+    Batches are counted in rows, as Triton counts them: a request of several rows fills
+    that much of max_batch_size and of a preferred size. While every queued request
+    holds one row (the simulator's workloads, most gateway traffic) the decision is the
+    compiled `get_dynamic_batch`; with a larger one queued, `get_dynamic_batch_rows`,
+    which decides the same on one-row requests. With ``dynamic`` False (a Triton model
+    without ``dynamic_batching``) each request runs alone, as Triton's default
+    scheduler runs it.
     """
 
     def __init__(self, policy: BatchingPolicy, num_instances: int,
-                 on_start: Callable[[Payload[T]], None]) -> None:
+                 on_start: Callable[[Payload[T]], None], dynamic: bool = True) -> None:
         mbs = policy.max_batch_size
+        self.dynamic = dynamic
         self.mbs = mbs
         self.delay_ns = policy.max_queue_delay_microseconds * 1000
         self.timeout_ns = policy.default_timeout_microseconds * 1000
         self.max_queue_size = policy.max_queue_size
-        prefs = set(policy.effective_preferred)
+        prefs = frozenset(policy.effective_preferred)
+        self.prefs = prefs
         self.is_pref = np.zeros(mbs + 1, np.bool_)
         self.is_pref[list(prefs)] = True
         self.pref_floor, self.pref_above = preference_tables(self.is_pref, mbs)
@@ -60,7 +72,9 @@ class BatcherCore(Generic[T]):
         self.slots = 2 * num_instances
         self.idle = num_instances
         self.on_start = on_start
-        self.queue: deque[tuple[T, int]] = deque()  # (item, arrival ns), not in a payload
+        self.queue: deque[tuple[T, int, int]] = deque()  # (item, arrival ns, rows) queued
+        self.queued_rows = 0
+        self.multi_row = 0  # queued requests of more than one row
         self.waiting: deque[Payload[T]] = deque()  # payloads handed over, not started
         self.current: Payload[T] | None = None  # the payload the thread is filling
         self.saturated = False
@@ -75,14 +89,18 @@ class BatcherCore(Generic[T]):
                           self.max_pref, self.mbs, self.delay_ns, False)
 
     # -- events -------------------------------------------------------------------------
-    def arrive(self, item: T, now: int) -> bool:
-        """Queue a request; False if the queue is full (Triton answers 503)."""
+    def arrive(self, item: T, now: int, rows: int = 1) -> bool:
+        """Queue a request of `rows` rows (1 to max_batch_size: the caller refuses
+        larger); False if the queue is full (Triton answers 503)."""
         if self.max_queue_size and len(self.queue) >= self.max_queue_size:
             return False
-        self.queue.append((item, now))
+        self.queue.append((item, now, rows))
+        self.queued_rows += rows
+        if rows > 1:
+            self.multi_row += 1
         stale = self.current is not None and self.current.started
         if len(self.waiting) < self.slots and (
-                self.saturated or stale or len(self.queue) >= self.next_pref):
+                self.saturated or stale or self.queued_rows >= self.next_pref):
             self.wake = True
         return True
 
@@ -104,8 +122,15 @@ class BatcherCore(Generic[T]):
         self.wake = False
         expired: list[T] = []
         while self.timeout_ns and self.queue and self.queue[0][1] + self.timeout_ns <= now:
-            expired.append(self.queue.popleft()[0])
+            expired.append(self._pop()[0])
         return expired
+
+    def _pop(self) -> tuple[T, int, int]:
+        item = self.queue.popleft()
+        self.queued_rows -= item[2]
+        if item[2] > 1:
+            self.multi_row -= 1
+        return item
 
     def next_event_ns(self) -> int | None:
         """When `step` must run next with no other event (the thread's timer, a timeout)."""
@@ -140,10 +165,8 @@ class BatcherCore(Generic[T]):
                 self.blocked = True
                 return
             self.blocked = False
-            k = len(cur.items) if cur is not None else 0
-            take, wait_us, saturated, nxt = get_dynamic_batch(
-                len(self.queue), k, now - self.queue[0][1], self.is_pref, self.pref_floor,
-                self.pref_above, self.max_pref, self.mbs, self.delay_ns, self.saturated)
+            k = cur.rows if cur is not None else 0
+            take, wait_us, saturated, nxt = self._decide(k, now)
             self.saturated = bool(saturated)
             if nxt >= 0:
                 self.next_pref = int(nxt)
@@ -152,9 +175,10 @@ class BatcherCore(Generic[T]):
                     cur = self.current = Payload()
                     self.waiting.append(cur)
                 for _ in range(take):
-                    item, at = self.queue.popleft()
+                    item, at, rows = self._pop()
                     cur.items.append(item)
                     cur.arrivals_ns.append(at)
+                    cur.rows += rows
                 continue
             if wait_us > 0:
                 self.timer_ns, self.timer_idle = now + int(wait_us) * 1000, False
@@ -162,3 +186,17 @@ class BatcherCore(Generic[T]):
             if not self.saturated:
                 self.timer_ns, self.timer_idle = now + IDLE_WAIT_NS, True
                 return
+
+    def _decide(self, k: int, now: int) -> tuple[int, int, bool, int]:
+        """Triton's GetDynamicBatch on the queue and a payload of k rows."""
+        age = now - self.queue[0][1]
+        if not self.dynamic:  # no dynamic_batching: one request a batch, now
+            return (0, 0, True, -1) if k else (1, 0, True, -1)
+        if self.multi_row:
+            return get_dynamic_batch_rows((r for _, _, r in self.queue), k, age, self.prefs,
+                                          self.max_pref, self.mbs, self.delay_ns,
+                                          self.saturated)
+        take, wait_us, saturated, nxt = get_dynamic_batch(
+            len(self.queue), k, age, self.is_pref, self.pref_floor, self.pref_above,
+            self.max_pref, self.mbs, self.delay_ns, self.saturated)
+        return int(take), int(wait_us), bool(saturated), int(nxt)

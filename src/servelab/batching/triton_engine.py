@@ -60,6 +60,7 @@ arrivals, instances taking waiting payloads, the batcher thread, timeouts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -157,6 +158,56 @@ def get_dynamic_batch(q: int, k: int, age_ns: int, is_pref: np.ndarray, pref_flo
     wait_us = (delay_ns - age_ns) // 1000
     if wait_us == 0:
         return pending, 0, saturated, nxt
+    return 0, wait_us, saturated, nxt
+
+
+def get_dynamic_batch_rows(rows: Iterable[int], k: int, age_ns: int, prefs: frozenset[int],
+                           max_pref: int, max_batch_size: int, delay_ns: int,
+                           saturated: bool) -> tuple[int, int, bool, int]:
+    """Triton's GetDynamicBatch counted in rows, as Triton counts it, for queued requests
+    of `rows` rows each (in queue order) and a payload of k rows: `get_dynamic_batch`
+    where a request may hold more than one row. Same returns, with ``take`` in requests.
+
+    The scan follows Triton's: the first request of an empty payload always joins (a
+    request is never larger than max_batch_size: the protocol refuses it); a request
+    that would pass the largest preferred size marks the batch saturated and, if no
+    preferred size was reached yet, the batch ends before it; one that would pass
+    max_batch_size ends the scan and the batch goes now (it waits for the next batch);
+    each time the rows reach a preferred size the batch may end there. The scan stops
+    at the first request that does not fit, so it reads at most max_batch_size + 1
+    requests. On one-row requests it decides exactly as `get_dynamic_batch`
+    (tests/unit/test_batch_rows.py)."""
+    pending = count = best = best_count = 0
+    send_now = False
+    for r in rows:
+        r = max(1, r)
+        if k + count > 0:
+            if k + pending + r > max_pref and best == 0:
+                best, best_count, saturated = pending, count, True
+            if k + pending + r > max_batch_size:
+                send_now = True
+                break
+        pending += r
+        count += 1
+        if k + pending in prefs:
+            best, best_count = pending, count
+    exceeded = delay_ns > 0 and age_ns >= delay_ns
+    if best > 0 and not exceeded:
+        if delay_ns == 0:
+            saturated = True
+        return best_count, 0, saturated, -1
+    if count == 0:
+        return 0, 0, saturated, -1
+    if send_now or k + pending >= max_pref:
+        return count, 0, True, -1
+    if exceeded or delay_ns == 0:
+        return count, 0, saturated, -1
+    nxt = min(p for p in prefs if p > k + pending) - k  # exists: k + pending < max_pref
+    if not saturated and k != 0 and k not in prefs:
+        return count, 0, saturated, nxt
+    wait_us = (delay_ns - age_ns) // 1000
+    if wait_us == 0:
+        return count, 0, saturated, nxt
     return 0, wait_us, saturated, nxt
 
 

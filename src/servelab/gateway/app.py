@@ -192,9 +192,10 @@ class ServedModel:
     def __init__(self, model: OnnxModel, policy: BatchingPolicy, instances: int,
                  metrics: Metrics, join: FeatureJoin | None = None,
                  log: ServedLog | None = None, drift: DriftMonitor | None = None,
-                 trace: TraceWriter | None = None) -> None:
+                 trace: TraceWriter | None = None, dynamic_batching: bool = True) -> None:
         self.model = model
         self.policy = policy
+        self.dynamic_batching = dynamic_batching
         self.instances = instances
         self.join = join
         self.log = log
@@ -216,7 +217,8 @@ class ServedModel:
         self.lock = threading.Lock()
         self.batcher = AsyncBatcher(
             policy, instances, self._execute,
-            on_request=None if trace is None else functools.partial(trace.add, model.name))
+            on_request=None if trace is None else functools.partial(trace.add, model.name),
+            dynamic=dynamic_batching)
         self.drift = drift
         if drift is not None:
             drift.on_report.append(self._publish_drift)
@@ -304,18 +306,20 @@ class ServedModel:
         if p.default_timeout_microseconds:
             policy.update(timeout_action="REJECT",
                           default_timeout_microseconds=p.default_timeout_microseconds)
-        return {
+        config: dict[str, Any] = {
             "name": self.model.name, "platform": "onnxruntime_onnx",
             "backend": "onnxruntime", "max_batch_size": p.max_batch_size,
             "input": tensors(self.inputs), "output": tensors(self.model.outputs),
-            "dynamic_batching": {
-                "preferred_batch_size": list(p.preferred_batch_size),
-                "max_queue_delay_microseconds": p.max_queue_delay_microseconds,
-                "default_queue_policy": policy,
-            },
             "instance_group": [{"name": f"{self.model.name}_0", "count": self.instances,
                                 "kind": "KIND_CPU"}],
         }
+        if self.dynamic_batching:
+            config["dynamic_batching"] = {
+                "preferred_batch_size": list(p.preferred_batch_size),
+                "max_queue_delay_microseconds": p.max_queue_delay_microseconds,
+                "default_queue_policy": policy,
+            }
+        return config
 
     def stats_json(self) -> dict[str, Any]:
         s = self.stats
@@ -421,6 +425,12 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                       "outputs": [{"name": t.name, "datatype": t.datatype,
                                    "shape": list(t.shape)} for t in m.outputs]})
 
+    # Before the model routes, which would take "stats" for a model's name (as Triton's
+    # own router, a model named "stats" has no metadata path).
+    @app.get("/v2/models/stats")
+    async def all_stats() -> Response:
+        return json_response({"model_stats": [m.stats_json() for m in by_name.values()]})
+
     @app.get("/v2/models/{name}")
     async def model_metadata(name: str) -> Response:
         return metadata(name)
@@ -437,10 +447,6 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
     @app.get("/v2/models/{name}/config")
     async def model_config(name: str) -> Response:
         return json_response(served(name).config_json())
-
-    @app.get("/v2/models/stats")
-    async def all_stats() -> Response:
-        return json_response({"model_stats": [m.stats_json() for m in by_name.values()]})
 
     @app.get("/v2/models/{name}/stats")
     async def model_stats(name: str) -> Response:
@@ -497,7 +503,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                     sm.policy.max_batch_size)
         except InputError as exc:
             return fail("OTHER", 400, str(exc))
-        fut = sm.batcher.submit(req.inputs)
+        fut = sm.batcher.submit(req.inputs, req.rows)
         if fut is None:
             return fail("REJECTED", 503, "Exceeds maximum queue size")
         try:

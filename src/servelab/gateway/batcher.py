@@ -42,10 +42,12 @@ class AsyncBatcher:
     def __init__(self, policy: BatchingPolicy, num_instances: int,
                  execute: Callable[[list[Any]], list[Any]],
                  on_batch: Callable[[int, int, int], None] | None = None,
-                 on_request: Callable[[int, int, int], None] | None = None) -> None:
+                 on_request: Callable[[int, int, int], None] | None = None,
+                 dynamic: bool = True) -> None:
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
-        self.core: BatcherCore[Pending] = BatcherCore(policy, num_instances, self._start)
+        self.core: BatcherCore[Pending] = BatcherCore(policy, num_instances, self._start,
+                                                      dynamic)
         self.execute = execute
         self.on_batch = on_batch  # (batch size, queue ns summed, compute ns) per batch
         self.on_request = on_request  # (queued, started, done ns) per answered request
@@ -68,8 +70,9 @@ class AsyncBatcher:
                              daemon=True).start()
         threading.Thread(target=self._timer, name="servelab-batcher", daemon=True).start()
 
-    def submit(self, inputs: Any) -> asyncio.Future[Any] | None:
-        """Queue one request; None if the queue is full."""
+    def submit(self, inputs: Any, rows: int = 1) -> asyncio.Future[Any] | None:
+        """Queue one request of `rows` rows (at most max_batch_size: the protocol refuses
+        larger); None if the queue is full."""
         if self.loop is None:
             self._begin(asyncio.get_running_loop())
         assert self.loop is not None
@@ -77,7 +80,7 @@ class AsyncBatcher:
         with self.lock:
             expired = self._catch_up(self.now())
             now = self.clock_ns
-            if not self.core.arrive(Pending(inputs, fut, now), now):
+            if not self.core.arrive(Pending(inputs, fut, now), now, rows):
                 self._expire(expired)
                 return None
             expired += self.core.step(now)

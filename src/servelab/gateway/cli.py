@@ -87,7 +87,7 @@ def serve(
     """Serve ONNX models over the Open Inference Protocol v2, batched with Triton's rules."""
     from servelab.api import load
     from servelab.gateway.repository import load_repository
-    from servelab.gateway.server import GatewaySpec, build, run
+    from servelab.gateway.server import GatewaySpec, ModelSpec, build, run
 
     policy = load(scenario, {
         "batching.max_batch_size": max_batch_size,
@@ -97,12 +97,13 @@ def serve(
         "batching.default_timeout_microseconds": timeout_us,
         "batching.instances_per_gpu": instances,
     }).batching
-    models = [(*_model_flag(m), policy) for m in model or []]
+    models = [ModelSpec(*_model_flag(m), policy) for m in model or []]
     if model_repository is not None:
-        models += [(m.name, str(m.path), m.policy) for m in load_repository(model_repository)]
+        models += [ModelSpec(m.name, str(m.path), m.policy, m.dynamic_batching)
+                   for m in load_repository(model_repository)]
     if demo:
         feature_repo, feature_service, demo_model = build_demo(demo_dir)
-        models.append(("fraud", str(demo_model), policy))
+        models.append(ModelSpec("fraud", str(demo_model), policy))
         log_dir = log_dir or feature_repo / "served_log"
         drift_reference = drift_reference or feature_repo / "training_set.parquet"
     gw = build(GatewaySpec(

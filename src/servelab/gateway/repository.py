@@ -23,6 +23,7 @@ class RepoModel:
     path: Path  # the .onnx file of the highest version
     policy: BatchingPolicy
     instances: int
+    dynamic_batching: bool = True  # False: no dynamic_batching block, each request alone
 
 
 @cache
@@ -103,7 +104,8 @@ def load_repository(root: str | Path) -> list[RepoModel]:
             raise InputError(f"{where}: no {cut(str(onnx_path))}; fix: export the model "
                              f"there as {filename}")
         policy, instances = policy_from_config(cfg, where)
-        models.append(RepoModel(cfg.name or d.name, onnx_path, policy, instances))
+        models.append(RepoModel(cfg.name or d.name, onnx_path, policy, instances,
+                                cfg.HasField("dynamic_batching")))
     if not models:
         raise InputError(f"--model-repository = {cut(str(root))!r}: no model with a "
                          "config.pbtxt; fix: DIR/<model>/config.pbtxt and DIR/<model>/1/"

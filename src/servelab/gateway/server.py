@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from servelab.errors import InputError, cut
 from servelab.scenario import BatchingPolicy
@@ -21,11 +21,22 @@ from servelab.scenario import BatchingPolicy
 SWITCH_INTERVAL_S = 0.0005
 
 
+class ModelSpec(NamedTuple):
+    """One model to serve: its name, .onnx path and policy; without dynamic batching (a
+    repository model whose config.pbtxt has no dynamic_batching) each request runs
+    alone, as Triton runs it."""
+
+    name: str
+    path: str
+    policy: BatchingPolicy
+    dynamic_batching: bool = True
+
+
 @dataclass(frozen=True)
 class GatewaySpec:
     """Everything the gateway is started with (each model with its own policy)."""
 
-    models: tuple[tuple[str, str, BatchingPolicy], ...]  # (name, .onnx path, policy)
+    models: tuple[ModelSpec, ...]
     feature_repo: Path | None = None
     feature_service: str | None = None
     store: str | None = None
@@ -48,7 +59,7 @@ class GatewaySpec:
         if not self.models:
             raise InputError("--model: none given; fix: --model NAME=PATH.onnx, "
                              "--model-repository DIR, or --demo")
-        if len({n for n, _, _ in self.models}) != len(self.models):
+        if len({m.name for m in self.models}) != len(self.models):
             raise InputError("--model: a name is given twice; fix: one NAME per model")
         if self.missing not in ("default", "reject"):
             raise InputError(f"--missing = {cut(self.missing)!r}: expected default or reject")
@@ -112,7 +123,7 @@ def build(spec: GatewaySpec) -> Gateway:
         trace = TraceWriter(spec.trace_file, limit=spec.trace_requests)
     metrics = Metrics()
     served = []
-    for name, path, pol in spec.models:
+    for name, path, pol, dynamic in spec.models:
         monitor = None
         if reference is not None and join is not None:
             from servelab.gateway.drift_monitor import DriftMonitor
@@ -121,7 +132,8 @@ def build(spec: GatewaySpec) -> Gateway:
                                    window=spec.drift_window, interval_s=spec.drift_interval_s)
         log = ServedLog(spec.log_dir, name) if spec.log_dir else None
         served.append(ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
-                                  join=join, log=log, drift=monitor, trace=trace))
+                                  join=join, log=log, drift=monitor, trace=trace,
+                                  dynamic_batching=dynamic))
     app = create_gateway(served, allowed_hosts=allowed_hosts(spec.host, list(spec.allow_host)),
                          metrics=metrics, body_timeout_s=spec.body_timeout_s,
                          max_inflight_bytes=int(spec.max_inflight_mb * 1024 * 1024))
@@ -142,9 +154,11 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         say(f"--max-connections: {limits.max_connections} (the open-file limit allows no "
             "more)")
     check_can_listen(spec.host, spec.port)
-    for name, _, pol in spec.models:
-        say(f"  {name}: max_batch_size {pol.max_batch_size}, max_queue_delay "
-            f"{pol.max_queue_delay_microseconds} us, {pol.instances_per_gpu} instance(s)")
+    for name, _, pol, dynamic in spec.models:
+        batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us" if dynamic
+                    else "no dynamic batching (each request alone)")
+        say(f"  {name}: max_batch_size {pol.max_batch_size}, {batching}, "
+            f"{pol.instances_per_gpu} instance(s)")
     say(f"servelab serve on http://{spec.host}:{spec.port} (Ctrl+C to stop)")
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was
     # there before it: make that one leave through `finally`, so the served log is
