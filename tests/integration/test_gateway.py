@@ -153,7 +153,7 @@ def test_full_queue_and_timeouts_are_triton_503s(tmp_path):
         assert st["fail"]["count"] == len(errors)
         text = httpx.get(f"http://{url}/metrics").text
         assert re.search(r'nv_inference_request_failure\{model="mlp",reason="REJECTED",'
-                         rf'version="1"\}} {len(errors)}\.0', text), text[:2000]
+                         rf'version="1"\}} {len(errors)}\n', text), text[:2000]
         c.close()
     # A timeout shorter than the batch window: a lone request times out.
     with gateway(tmp_path, "--max-queue-delay-us", "20000", "--timeout-us", "2000") as (

@@ -112,16 +112,47 @@ TRITON_METRICS = {
 }
 
 
-class _TritonCollector(Collector):
-    """Triton's counters under Triton's exact names, for prometheus_client's exposition.
+# The failure reasons Triton 2.51 exposes, each from 0 as soon as the model is loaded.
+FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
+_GAUGES = {"nv_inference_pending_request_count"}
 
-    prometheus_client appends "_total" to its Counter's name; Triton's dashboards query
-    the names without it, so these are exposed as untyped samples named as Triton does.
+
+class _TritonCollector(Collector):
+    """Triton's counters under Triton's exact names, types and labels.
+
+    prometheus_client names a counter family "<name>_total" in its HELP and TYPE lines;
+    Triton's (prometheus-cpp) has no suffix, and its dashboards query the bare names. So
+    these families are written by `exposition` below, typed as Triton types them
+    (counters, one gauge), and the collector yields nothing to prometheus_client.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+
+    def add_model(self, labels: dict[str, str]) -> None:
+        """Every series of a model at 0, as Triton has them once it is loaded."""
+        for name in TRITON_METRICS:
+            if name == "nv_inference_request_failure":
+                for reason in FAILURE_REASONS:
+                    self.inc(name, {**labels, "reason": reason}, 0.0)
+            else:
+                self.inc(name, labels, 0.0)
+
+    def exposition(self) -> bytes:
+        """Triton's families in the Prometheus text format."""
+        with self.lock:
+            items = sorted(self.values.items())
+        lines = []
+        for name, doc in TRITON_METRICS.items():
+            lines += [f"# HELP {name} {doc}",
+                      f"# TYPE {name} {'gauge' if name in _GAUGES else 'counter'}"]
+            for (n, labels), v in items:
+                if n == name:
+                    text = ",".join(f'{k}="{_escape(val)}"' for k, val in labels)
+                    value = str(int(v)) if float(v).is_integer() else repr(float(v))
+                    lines.append(f"{name}{{{text}}} {value}")
+        return ("\n".join(lines) + "\n").encode()
 
     def inc(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
         with self.lock:
@@ -132,14 +163,12 @@ class _TritonCollector(Collector):
             self.values[(name, tuple(sorted(labels.items())))] = value
 
     def collect(self) -> Iterator[Metric]:
-        with self.lock:
-            items = sorted(self.values.items())
-        for name, doc in TRITON_METRICS.items():
-            fam = Metric(name, doc, "unknown")
-            for (n, labels), v in items:
-                if n == name:
-                    fam.add_sample(name, dict(labels), v)
-            yield fam
+        return iter(())
+
+
+def _escape(value: str) -> str:
+    """A label value as the text format writes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class Metrics:
@@ -192,8 +221,10 @@ class ServedModel:
     def __init__(self, model: OnnxModel, policy: BatchingPolicy, instances: int,
                  metrics: Metrics, join: FeatureJoin | None = None,
                  log: ServedLog | None = None, drift: DriftMonitor | None = None,
-                 trace: TraceWriter | None = None, dynamic_batching: bool = True) -> None:
+                 trace: TraceWriter | None = None, dynamic_batching: bool = True,
+                 version: str = "1") -> None:
         self.model = model
+        self.version = version
         self.policy = policy
         self.dynamic_batching = dynamic_batching
         self.instances = instances
@@ -208,12 +239,13 @@ class ServedModel:
         self.inputs = join.inputs if join is not None else model.inputs
         self.max_request_bytes = max_request_bytes(self.inputs, policy.max_batch_size)
         # The labelled children, bound once (labels() on every request costs more).
-        lab = {"model": model.name, "version": "1"}
+        lab = {"model": model.name, "version": version}
         self.request_hist = metrics.request_s.labels(**lab)
         self.queue_hist = metrics.queue_s.labels(**lab)
         self.stats = ModelStats()
         self.metrics = metrics
-        self.labels = {"model": model.name, "version": "1"}
+        self.labels = {"model": model.name, "version": version}
+        metrics.triton.add_model(self.labels)
         self.lock = threading.Lock()
         self.batcher = AsyncBatcher(
             policy, instances, self._execute,
@@ -333,12 +365,17 @@ class ServedModel:
             counts = (s.inference_count, s.execution_count)
         inference["cache_hit"] = {"count": 0, "ns": 0}
         inference["cache_miss"] = {"count": 0, "ns": 0}
-        return {"name": self.model.name, "version": "1", "last_inference": s.last_inference_ms,
+        return {"name": self.model.name, "version": self.version,
+                "last_inference": s.last_inference_ms,
                 "inference_count": counts[0], "execution_count": counts[1],
                 "inference_stats": inference, "batch_stats": batch_stats}
 
 
-_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/infer$")
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+
+def unknown_version(name: str, version: str) -> str:
+    return f"Request for unknown model: '{cut(name, 80)}' version {cut(version, 20)} is not found"
 
 
 class InferFastPath:
@@ -365,7 +402,7 @@ class InferFastPath:
             if k == b"inference-header-content-length":
                 header_length = v.decode("latin-1")
         status, payload, ctype, hlen = await self.infer(m.group(1), b"".join(chunks),
-                                                        header_length)
+                                                        header_length, m.group(2))
         headers = [(b"content-type", ctype.encode()),
                    (b"content-length", str(len(payload)).encode())]
         if hlen is not None:
@@ -390,6 +427,13 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             raise StarletteHTTPException(404, f"Request for unknown model: '{cut(name, 80)}' "
                                               "is not found")
         return by_name[name]
+
+    def served_version(name: str, version: str) -> ServedModel:
+        """The model at a version it serves; Triton's 404 for one it does not."""
+        sm = served(name)
+        if version != sm.version:
+            raise StarletteHTTPException(404, unknown_version(name, version))
+        return sm
 
     @app.exception_handler(ServelabError)
     async def user_error(_: Request, exc: ServelabError) -> Response:
@@ -419,7 +463,8 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
     def metadata(name: str) -> Response:
         sm = served(name)
         m = sm.model
-        return json_response({"name": m.name, "versions": ["1"], "platform": "onnxruntime_onnx",
+        return json_response({"name": m.name, "versions": [sm.version],
+                              "platform": "onnxruntime_onnx",
                       "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
                                  for t in sm.inputs],
                       "outputs": [{"name": t.name, "datatype": t.datatype,
@@ -437,11 +482,17 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_version_metadata(name: str, version: str) -> Response:
-        return metadata(name)
+        return metadata(served_version(name, version).model.name)
 
     @app.get("/v2/models/{name}/ready")
     async def model_ready(name: str) -> Response:
         served(name)
+        return Response(status_code=200)
+
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_version_ready(name: str, version: str) -> Response:
+        if served(name).version != version:  # Triton: 400, so is_model_ready(m, v) False
+            return error_response("Model version not ready", 400)
         return Response(status_code=200)
 
     @app.get("/v2/models/{name}/config")
@@ -454,7 +505,11 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.get("/v2/models/{name}/versions/{version}/stats")
     async def model_version_stats(name: str, version: str) -> Response:
-        return json_response({"model_stats": [served(name).stats_json()]})
+        sm = served(name)
+        if sm.version != version:
+            return error_response("requested model version is not available for model "
+                                  f"'{cut(name, 80)}'", 400)
+        return json_response({"model_stats": [sm.stats_json()]})
 
     @app.get("/v2/models/{name}/drift")
     async def model_drift(name: str) -> Response:
@@ -466,7 +521,8 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.post("/v2/repository/index")
     async def repository_index() -> Response:
-        return json_response([{"name": n, "version": "1", "state": "READY"} for n in by_name])
+        return json_response([{"name": n, "version": m.version, "state": "READY"}
+                              for n, m in by_name.items()])
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -476,15 +532,18 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             if m.log is not None:
                 metrics.log_dropped.labels(**m.labels).set(m.log.dropped)
                 metrics.log_written.labels(**m.labels).set(m.log.written)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.triton.exposition() + generate_latest(metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
 
-    async def infer(name: str, body: bytes, header_length: str | None
-                    ) -> tuple[int, bytes, str, str | None]:
+    async def infer(name: str, body: bytes, header_length: str | None,
+                    version: str | None = None) -> tuple[int, bytes, str, str | None]:
         """One inference: (status, body, content type, Inference-Header-Content-Length)."""
         sm = by_name.get(name)
         if sm is None:
             return (404, error_body(f"Request for unknown model: '{cut(name, 80)}' is not "
                                      "found"), "application/json", None)
+        if version is not None and version != sm.version:
+            return 404, error_body(unknown_version(name, version)), "application/json", None
         t0 = time.monotonic_ns()
         lab = sm.labels
 
@@ -501,8 +560,8 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                 req = await asyncio.get_running_loop().run_in_executor(
                     parse_pool, parse_request, body, header_length, name, sm.inputs,
                     sm.policy.max_batch_size)
-        except InputError as exc:
-            return fail("OTHER", 400, str(exc))
+        except InputError as exc:  # refused before it reached the model: as Triton, no
+            return 400, error_body(str(exc)), "application/json", None  # failure counted
         fut = sm.batcher.submit(req.inputs, req.rows)
         if fut is None:
             return fail("REJECTED", 503, "Exceeds maximum queue size")
@@ -517,7 +576,8 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         except Exception as exc:  # the model itself failed on this batch
             return fail("BACKEND", 500, f"inference failed: {cut(str(exc), 300)}")
         try:
-            payload, header_len = build_response(name, req, sm.model.outputs, values)
+            payload, header_len = build_response(name, sm.version, req, sm.model.outputs,
+                                                 values)
         except InputError as exc:  # an output the model does not have
             return fail("OTHER", 400, str(exc))
         done = time.monotonic_ns()
@@ -533,9 +593,11 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             return 200, payload, "application/octet-stream", str(header_len)
         return 200, payload, "application/json", None
 
-    async def routed_infer(name: str, request: Request) -> Response:
+    async def routed_infer(name: str, request: Request, version: str | None = None
+                           ) -> Response:
         status, payload, ctype, hlen = await infer(
-            name, await request.body(), request.headers.get("inference-header-content-length"))
+            name, await request.body(), request.headers.get("inference-header-content-length"),
+            version)
         headers = {"Inference-Header-Content-Length": hlen} if hlen is not None else None
         return Response(payload, status_code=status, media_type=ctype, headers=headers)
 
@@ -545,7 +607,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def model_version_infer(name: str, version: str, request: Request) -> Response:
-        return await routed_infer(name, request)
+        return await routed_infer(name, request, version)
 
     # The hot path skips FastAPI's routing and dependency machinery (about half of a
     # request's CPU time here): inference requests are answered by `infer` directly; the

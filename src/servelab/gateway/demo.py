@@ -14,8 +14,9 @@ import numpy as np
 VALIDATION_MLP = {"inputs": 64, "hidden": 2048, "layers": 3}
 
 
-def _weights(inputs: int, hidden: int, outputs: int, layers: int, seed: int
-             ) -> list[tuple[np.ndarray, np.ndarray]]:
+def mlp_weights(inputs: int, hidden: int, outputs: int, layers: int, seed: int
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The MLP's (weight, bias) per layer: the same for the same sizes and seed."""
     rng = np.random.default_rng(seed)
     dims = [inputs, *[hidden] * layers, outputs]
     out = []
@@ -33,7 +34,7 @@ def write_mlp(path: str | Path, *, inputs: int = 16, hidden: int = 64, outputs: 
     from onnx import TensorProto, helper, numpy_helper
 
     nodes, inits, prev = [], [], "x"
-    weights = _weights(inputs, hidden, outputs, layers, seed)
+    weights = mlp_weights(inputs, hidden, outputs, layers, seed)
     for i, (w, b) in enumerate(weights):
         last = i == len(weights) - 1
         out = "y" if last else f"h{i}"
@@ -59,7 +60,7 @@ def write_mlp(path: str | Path, *, inputs: int = 16, hidden: int = 64, outputs: 
 def mlp_reference(x: np.ndarray, *, inputs: int = 16, hidden: int = 64, outputs: int = 4,
                   layers: int = 1, seed: int = 0) -> np.ndarray:
     """The same MLP in NumPy, to check what the gateway returns."""
-    weights = _weights(inputs, hidden, outputs, layers, seed)
+    weights = mlp_weights(inputs, hidden, outputs, layers, seed)
     h = x
     for w, b in weights[:-1]:
         h = np.maximum(h @ w + b, 0)

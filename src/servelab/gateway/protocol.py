@@ -201,8 +201,9 @@ def parse_request(body: bytes, header_length: str | None, model: str,
                         bool(params.get("binary_data_output")), n_rows)
 
 
-def build_response(model: str, req: InferRequest, outputs: tuple[TensorSpec, ...],
-                   values: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+def build_response(model: str, version: str, req: InferRequest,
+                   outputs: tuple[TensorSpec, ...], values: dict[str, np.ndarray]
+                   ) -> tuple[bytes, int | None]:
     """The response body and, when any tensor is binary, its JSON header's length."""
     wanted = req.outputs or tuple((t.name, req.binary_default) for t in outputs)
     known = {t.name: t for t in outputs}
@@ -221,7 +222,8 @@ def build_response(model: str, req: InferRequest, outputs: tuple[TensorSpec, ...
         else:
             item["data"] = arr.reshape(-1).tolist()
         out_json.append(item)
-    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": out_json}
+    doc: dict[str, Any] = {"model_name": model, "model_version": version,
+                           "outputs": out_json}
     if req.id is not None:
         doc["id"] = req.id
     head = json.dumps(doc).encode()

@@ -24,6 +24,7 @@ class RepoModel:
     policy: BatchingPolicy
     instances: int
     dynamic_batching: bool = True  # False: no dynamic_batching block, each request alone
+    version: str = "1"  # the version folder served
 
 
 @cache
@@ -98,6 +99,14 @@ def load_repository(root: str | Path) -> list[RepoModel]:
         if not versions:
             raise InputError(f"{where}: no version folder (e.g. {d.name}/1/model.onnx); "
                              "fix: put the model in a numbered folder")
+        if cfg.HasField("version_policy") and not (
+                cfg.version_policy.HasField("latest")
+                and cfg.version_policy.latest.num_versions <= 1):
+            raise InputError(
+                f"{where}: version_policy {cut(str(cfg.version_policy).strip(), 80)!r}: "
+                "servelab serves one version of a model, the highest numbered folder "
+                "(Triton's default, latest { num_versions: 1 }); fix: remove version_policy "
+                "or serve each version as a model of its own name")
         filename = cfg.default_model_filename or "model.onnx"
         onnx_path = versions[-1][1] / filename
         if not onnx_path.is_file():
@@ -105,7 +114,7 @@ def load_repository(root: str | Path) -> list[RepoModel]:
                              f"there as {filename}")
         policy, instances = policy_from_config(cfg, where)
         models.append(RepoModel(cfg.name or d.name, onnx_path, policy, instances,
-                                cfg.HasField("dynamic_batching")))
+                                cfg.HasField("dynamic_batching"), str(versions[-1][0])))
     if not models:
         raise InputError(f"--model-repository = {cut(str(root))!r}: no model with a "
                          "config.pbtxt; fix: DIR/<model>/config.pbtxt and DIR/<model>/1/"

@@ -24,12 +24,13 @@ SWITCH_INTERVAL_S = 0.0005
 class ModelSpec(NamedTuple):
     """One model to serve: its name, .onnx path and policy; without dynamic batching (a
     repository model whose config.pbtxt has no dynamic_batching) each request runs
-    alone, as Triton runs it."""
+    alone, as Triton runs it; `version` is its repository folder's number."""
 
     name: str
     path: str
     policy: BatchingPolicy
     dynamic_batching: bool = True
+    version: str = "1"
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def build(spec: GatewaySpec) -> Gateway:
         trace = TraceWriter(spec.trace_file, limit=spec.trace_requests)
     metrics = Metrics()
     served = []
-    for name, path, pol, dynamic in spec.models:
+    for name, path, pol, dynamic, version in spec.models:
         monitor = None
         if reference is not None and join is not None:
             from servelab.gateway.drift_monitor import DriftMonitor
@@ -133,7 +134,7 @@ def build(spec: GatewaySpec) -> Gateway:
         log = ServedLog(spec.log_dir, name) if spec.log_dir else None
         served.append(ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
                                   join=join, log=log, drift=monitor, trace=trace,
-                                  dynamic_batching=dynamic))
+                                  dynamic_batching=dynamic, version=version))
     app = create_gateway(served, allowed_hosts=allowed_hosts(spec.host, list(spec.allow_host)),
                          metrics=metrics, body_timeout_s=spec.body_timeout_s,
                          max_inflight_bytes=int(spec.max_inflight_mb * 1024 * 1024))
@@ -154,7 +155,7 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         say(f"--max-connections: {limits.max_connections} (the open-file limit allows no "
             "more)")
     check_can_listen(spec.host, spec.port)
-    for name, _, pol, dynamic in spec.models:
+    for name, _, pol, dynamic, _ in spec.models:
         batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us" if dynamic
                     else "no dynamic batching (each request alone)")
         say(f"  {name}: max_batch_size {pol.max_batch_size}, {batching}, "

@@ -1,0 +1,164 @@
+"""The gateway held against Triton 2.51's own `tritonserver` on the same model
+repository, with NVIDIA's client: each case runs on both servers and must give the same
+answers, status codes and statistics (issue 31's conformance suite; tests/tritonserver.py
+starts the real server from the wheel scripts/test.sh installs)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from servelab.gateway.demo import mlp_reference
+from tests.integration.test_validate_triton import pytriton_python
+from tests.services import free_port, server_process
+from tests.tritonserver import tritonserver, write_model
+
+httpclient = pytest.importorskip("tritonclient.http")
+aioclient = pytest.importorskip("tritonclient.http.aio")
+
+pytestmark = pytest.mark.skipif(pytriton_python() is None,
+                                reason="no .venv-pytriton (bash scripts/test.sh builds it)")
+
+
+@contextlib.contextmanager
+def both(repo: Path, work: Path) -> Iterator[dict[str, tuple[str, str]]]:
+    """The gateway on repo/onnx and tritonserver on repo/python: {server: (HTTP address,
+    metrics address)}, each host:port (the gateway's metrics are on its HTTP port)."""
+    port = free_port()
+    with tritonserver(repo / "python", work) as triton, server_process(
+            [sys.executable, "-m", "servelab", "serve", "--model-repository",
+             str(repo / "onnx"), "--port", str(port)],
+            f"http://127.0.0.1:{port}/v2/health/ready"):
+        yield {"servelab": (f"127.0.0.1:{port}",) * 2, "triton": triton}
+
+
+def burst(url: str, model: str, x: np.ndarray, n: int) -> None:
+    """n concurrent requests of x; every answer checked against the MLP."""
+    async def go() -> None:
+        c = aioclient.InferenceServerClient(url)
+        inp = aioclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        try:
+            results = await asyncio.gather(*[c.infer(model, [inp]) for _ in range(n)])
+        finally:
+            await c.close()
+        for r in results:
+            np.testing.assert_allclose(r.as_numpy("y"), mlp_reference(x), rtol=1e-5,
+                                       atol=1e-5)
+
+    asyncio.run(go())
+
+
+def batch_rows(url: str, model: str) -> dict[int, int]:
+    """Executions per batch size (rows) from the server's statistics."""
+    c = httpclient.InferenceServerClient(url)
+    try:
+        st = c.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        c.close()
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in st["batch_stats"]}
+
+
+def test_batches_counted_in_rows_and_no_batching_without_dynamic_batching(tmp_path):
+    """16 concurrent 4-row requests, max_batch_size 32, a 50 ms window: no batch over 32
+    rows on either server; without dynamic_batching, each request alone on both."""
+    write_model(tmp_path / "repo", "rows", "max_batch_size: 32 dynamic_batching { "
+                "max_queue_delay_microseconds: 50000 }")
+    write_model(tmp_path / "repo", "alone", "max_batch_size: 32")
+    x = np.random.default_rng(3).normal(size=(4, 16)).astype(np.float32)
+    seen = {}
+    with both(tmp_path / "repo", tmp_path) as urls:
+        for server, (url, _) in urls.items():
+            c = httpclient.InferenceServerClient(url)
+            assert "dynamic_batching" not in c.get_model_config("alone"), server
+            c.close()
+            burst(url, "rows", x, 16)
+            burst(url, "alone", x, 16)
+            seen[server] = (batch_rows(url, "rows"), batch_rows(url, "alone"))
+    for server, (rows, alone) in seen.items():
+        assert sum(size * n for size, n in rows.items()) == 64, (server, rows)
+        assert max(rows) <= 32, (server, rows)
+        assert alone == {4: 16}, (server, alone)
+
+
+def test_versions_status_codes_failure_accounting_and_metrics(tmp_path):
+    """A model in version folder 3: the version each path reports, what an absent version
+    answers, 400s that are not counted as failures, and Triton's metric families (types
+    and the failure reasons, at 0 before any failure)."""
+    write_model(tmp_path / "repo", "m", "max_batch_size: 8 dynamic_batching { }", version=3)
+    x = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 16],
+                                "data": [0.5] * 32}]})
+    bad_shape = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 3],
+                                        "data": [1.0] * 6}]})
+    too_big = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [9, 16],
+                                      "data": [1.0] * 144}]})
+    cases = [("GET", "/v2/models/m", None), ("GET", "/v2/models/m/ready", None),
+             ("GET", "/v2/models/m/versions/3/ready", None),
+             ("GET", "/v2/models/m/versions/1/ready", None),
+             ("GET", "/v2/models/m/versions/3", None), ("GET", "/v2/models/m/versions/1", None),
+             ("GET", "/v2/models/m/versions/1/stats", None),
+             ("POST", "/v2/repository/index", None),
+             ("POST", "/v2/models/m/infer", x), ("POST", "/v2/models/m/versions/3/infer", x),
+             ("POST", "/v2/models/m/versions/1/infer", x),
+             ("POST", "/v2/models/m/infer", bad_shape), ("POST", "/v2/models/m/infer", too_big),
+             ("POST", "/v2/models/nope/infer", x)]
+    seen: dict[str, list] = {}
+    with both(tmp_path / "repo", tmp_path) as urls:
+        for server, (url, metrics_url) in urls.items():
+            before = families(httpx.get(f"http://{metrics_url}/metrics").text)
+            got = []
+            for method, path, body in cases:
+                r = httpx.request(method, f"http://{url}{path}", content=body)
+                doc = r.json() if r.content else None
+                got.append((r.status_code, versions_in(doc)))
+            st = httpx.get(f"http://{url}/v2/models/m/stats").json()["model_stats"][0]
+            counts = {k: v["count"] for k, v in st["inference_stats"].items()
+                      if k in ("success", "fail")}
+            seen[server] = [got, st["version"], counts, before]
+    assert seen["servelab"][0] == seen["triton"][0], list(zip(
+        cases, seen["servelab"][0], seen["triton"][0], strict=True))
+    assert seen["servelab"][1:3] == seen["triton"][1:3] == ["3", {"success": 2, "fail": 0}]
+    ours, theirs = seen["servelab"][3], seen["triton"][3]
+    assert theirs.keys() >= TRITON_FAMILIES, sorted(theirs)
+    for name in TRITON_FAMILIES:
+        assert ours.get(name) == theirs[name], (name, ours.get(name), theirs[name])
+
+
+# The families both servers have on CPU (Triton's summaries, cache and CPU/GPU gauges are
+# not asked of servelab here).
+TRITON_FAMILIES = {"nv_inference_request_success", "nv_inference_request_failure",
+                   "nv_inference_count", "nv_inference_exec_count",
+                   "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                   "nv_inference_compute_input_duration_us",
+                   "nv_inference_compute_infer_duration_us",
+                   "nv_inference_compute_output_duration_us",
+                   "nv_inference_pending_request_count"}
+
+
+def families(text: str) -> dict[str, tuple[str, frozenset]]:
+    """Per metric family: its type and its series (labels and value), from the text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        out[fam.name] = (fam.type, frozenset((tuple(sorted(s.labels.items())), s.value)
+                                             for s in fam.samples))
+    return out
+
+
+def versions_in(doc: object) -> object:
+    """What a JSON answer says of versions (the rest differs in wording, not meaning)."""
+    if isinstance(doc, list):
+        return [versions_in(d) for d in doc]
+    if isinstance(doc, dict):
+        return {k: v for k, v in doc.items() if k in ("versions", "model_version", "version",
+                                                      "name", "state")}
+    return doc
