@@ -3,11 +3,14 @@ Triton's own ModelConfig message, and bad configs as one-line errors."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from servelab.errors import InputError
 from servelab.gateway.demo import write_mlp
-from servelab.gateway.repository import load_repository
+from servelab.gateway.repository import check_declared, load_repository
+from servelab.gateway.runner import OnnxModel
 
 CONFIG = """
 name: "fraud"
@@ -70,3 +73,52 @@ def test_missing_pieces_are_named(tmp_path):
     (d / "1").mkdir()
     with pytest.raises(InputError, match=r"no .*model.onnx"):
         load_repository(tmp_path)
+
+
+# Fields Triton runs that the gateway does not: each refused at load with one line naming
+# it (issue 31: served silently, they ran differently from Triton).
+@pytest.mark.parametrize(("config", "needle"), [
+    ("max_batch_size: 8 sequence_batching { }", "sequence_batching"),
+    ("max_batch_size: 8 dynamic_batching { default_queue_policy { timeout_action: DELAY "
+     "default_timeout_microseconds: 1000 } }", "timeout_action"),
+    ("max_batch_size: 8 dynamic_batching { priority_levels: 2 default_priority_level: 1 }",
+     "priority_levels"),
+    ("max_batch_size: 8 response_cache { enable: true }", "response_cache"),
+    ('max_batch_size: 8 parameters { key: "a" value: { string_value: "b" } }', "parameters"),
+    ("max_batch_size: 8 model_warmup [ { name: \"w\" batch_size: 1 } ]", "model_warmup"),
+    ('platform: "ensemble" max_batch_size: 8 ensemble_scheduling { }', "ensemble"),
+    ('backend: "python" max_batch_size: 8', "backend 'python'"),
+    ('name: "other" max_batch_size: 8', "differs from its folder"),
+    ("max_batch_size: 0", "max_batch_size 0"),
+    ("max_batch_size: 8 instance_group [ { kind: KIND_GPU } ]", "KIND_GPU"),
+    ("max_batch_size: 8 version_policy { all { } }", "version_policy"),
+    ("max_batch_size: 8 version_policy { latest { num_versions: 2 } }", "version_policy"),
+    ('max_batch_size: 8 input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
+     'reshape { shape: [ 4, 4 ] } } ]', "input.reshape"),
+])
+def test_fields_not_run_as_triton_runs_them_are_refused(tmp_path, config, needle):
+    with pytest.raises(InputError, match=re.escape(needle)) as e:
+        load_repository(repo(tmp_path, config))
+    assert "\n" not in str(e.value)
+    assert "fix:" in str(e.value)
+
+
+@pytest.mark.parametrize(("io", "needle"), [
+    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 15 ] } ]', "dims [15]"),
+    ('input [ { name: "x" data_type: TYPE_INT64 dims: [ 16 ] } ]', "INT64"),
+    ('input [ { name: "z" data_type: TYPE_FP32 dims: [ 16 ] } ]', "['z']"),
+    ('output [ { name: "y" data_type: TYPE_FP32 dims: [ 4, 1 ] } ]', "dims [4, 1]"),
+])
+def test_declared_inputs_and_outputs_must_be_the_models(tmp_path, io, needle):
+    [m] = load_repository(repo(tmp_path, f"max_batch_size: 8 {io}"))
+    model = OnnxModel(m.path, m.name)
+    with pytest.raises(InputError, match=re.escape(needle)) as e:
+        check_declared(m.declared, model, "fraud/config.pbtxt")
+    assert "\n" not in str(e.value)
+
+
+def test_the_full_config_declares_what_the_model_has(tmp_path):
+    [m] = load_repository(repo(tmp_path))
+    assert [(d.kind, d.name, d.datatype, d.dims) for d in m.declared] == [
+        ("input", "x", "FP32", (16,)), ("output", "y", "FP32", (4,))]
+    check_declared(m.declared, OnnxModel(m.path, m.name), "fraud/config.pbtxt")

@@ -99,7 +99,8 @@ def serve(
     }).batching
     models = [ModelSpec(*_model_flag(m), policy) for m in model or []]
     if model_repository is not None:
-        models += [ModelSpec(m.name, str(m.path), m.policy, m.dynamic_batching, m.version)
+        models += [ModelSpec(m.name, str(m.path), m.policy, m.dynamic_batching, m.version,
+                             m.declared)
                    for m in load_repository(model_repository)]
     if demo:
         feature_repo, feature_service, demo_model = build_demo(demo_dir)

@@ -25,6 +25,112 @@ class RepoModel:
     instances: int
     dynamic_batching: bool = True  # False: no dynamic_batching block, each request alone
     version: str = "1"  # the version folder served
+    declared: tuple[Declared, ...] = ()  # the config's inputs and outputs, if it has them
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """An input or output as config.pbtxt declares it (dims without the batch one)."""
+
+    kind: str  # "input" or "output"
+    name: str
+    datatype: str  # the v2 protocol's name: FP32, INT64, ...
+    dims: tuple[int, ...]
+
+
+# Every ModelConfig field the gateway runs as Triton does. Any other field set in a
+# config.pbtxt is refused at load with one line: served silently, it would run
+# differently from Triton (sequence batching, ensembles, priorities, a response cache,
+# timeout_action DELAY, ...).
+HONOURED = frozenset({
+    "name", "platform", "backend", "max_batch_size", "default_model_filename",
+    "input", "input.name", "input.data_type", "input.dims",
+    "output", "output.name", "output.data_type", "output.dims",
+    "version_policy", "version_policy.latest", "version_policy.latest.num_versions",
+    "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
+    "dynamic_batching", "dynamic_batching.preferred_batch_size",
+    "dynamic_batching.max_queue_delay_microseconds", "dynamic_batching.default_queue_policy",
+    "dynamic_batching.default_queue_policy.max_queue_size",
+    "dynamic_batching.default_queue_policy.default_timeout_microseconds",
+})
+
+
+def check_config(cfg: Any, folder: str, where: str) -> None:
+    """Refuse, with one line, a config the gateway would not run as Triton does."""
+    if cfg.HasField("version_policy") and not (
+            cfg.version_policy.HasField("latest")
+            and cfg.version_policy.latest.num_versions <= 1):
+        raise InputError(
+            f"{where}: version_policy {cut(str(cfg.version_policy).strip(), 80)!r}: "
+            "servelab serves one version of a model, the highest numbered folder "
+            "(Triton's default, latest { num_versions: 1 }); fix: remove version_policy "
+            "or serve each version as a model of its own name")
+    _check_fields(cfg, "", where)
+    if cfg.name and cfg.name != folder:  # Triton refuses to load it too
+        raise InputError(f"{where}: name {cut(cfg.name, 80)!r} differs from its folder "
+                         f"{cut(folder, 80)!r}; fix: name the model as its folder")
+    if cfg.platform not in ("", "onnxruntime_onnx") or cfg.backend not in ("", "onnxruntime"):
+        raise InputError(f"{where}: platform {cfg.platform!r}, backend {cfg.backend!r}: the "
+                         "gateway runs ONNX models (platform onnxruntime_onnx); fix: export "
+                         "the model to ONNX, or serve it with tritonserver")
+    if cfg.max_batch_size < 1:
+        raise InputError(f"{where}: max_batch_size {cfg.max_batch_size}: the gateway serves "
+                         "models whose first dimension is the batch; fix: max_batch_size of "
+                         "1 or more, with a dynamic first axis in the model")
+    for g in cfg.instance_group:
+        if g.kind not in (0, 2):  # KIND_AUTO, KIND_CPU
+            kind = type(g).Kind.Name(g.kind)
+            raise InputError(f"{where}: instance_group kind {kind}: the gateway runs its "
+                             "instances on the CPU; fix: kind: KIND_CPU")
+
+
+def _check_fields(msg: Any, prefix: str, where: str) -> None:
+    for field, value in msg.ListFields():
+        path = prefix + field.name
+        if path not in HONOURED:
+            if field.enum_type is not None and isinstance(value, int):
+                value = field.enum_type.values_by_number[value].name
+            shown = cut(str(value).replace("\n", " ").strip(), 60)
+            raise InputError(f"{where}: {path} ({shown}) is not run by servelab's gateway as "
+                             "Triton runs it; fix: remove it from the config, or serve this "
+                             "model with tritonserver")
+        if field.message_type is not None:  # a message, or a repeated one
+            for item in [value] if hasattr(value, "ListFields") else value:
+                _check_fields(item, path + ".", where)
+
+
+def declared_io(cfg: Any) -> tuple[Declared, ...]:
+    """The config's inputs and outputs, with v2 data type names."""
+    out = []
+    for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
+        for t in tensors:
+            dtype = _model_config_pb2().DataType.Name(t.data_type)
+            v2 = {"TYPE_STRING": "BYTES"}.get(dtype, dtype.removeprefix("TYPE_"))
+            out.append(Declared(kind, t.name, v2, tuple(t.dims)))
+    return tuple(out)
+
+
+def check_declared(declared: tuple[Declared, ...], model: Any, where: str) -> None:
+    """The config's inputs and outputs against the ONNX model's, as Triton's ONNX Runtime
+    backend checks them at load: the same names, data types and dims (a config dim may
+    fix one the model leaves dynamic). Nothing to check when the config declares none."""
+    for kind, have in (("input", model.inputs), ("output", model.outputs)):
+        said = [d for d in declared if d.kind == kind]
+        if not said:
+            continue
+        by_name = {t.name: t for t in have}
+        if sorted(d.name for d in said) != sorted(by_name):
+            raise InputError(f"{where}: {kind}s {sorted(d.name for d in said)}; the model has "
+                             f"{sorted(by_name)}; fix: declare the model's {kind}s")
+        for d in said:
+            t = by_name[d.name]
+            dims = t.shape[1:]
+            ok = len(dims) == len(d.dims) and all(m == -1 or c == m
+                                                  for c, m in zip(d.dims, dims, strict=True))
+            if d.datatype != t.datatype or not ok:
+                raise InputError(
+                    f"{where}: {kind} {d.name!r}: {d.datatype} dims {list(d.dims)}; the model "
+                    f"has {t.datatype} dims {list(dims)}; fix: declare what the model has")
 
 
 @cache
@@ -94,19 +200,12 @@ def load_repository(root: str | Path) -> list[RepoModel]:
         where = cut(str(cfg_path))
         cfg = parse_config(read_text(cfg_path, "config.pbtxt", max_bytes=MAX_CONFIG_BYTES,
                                      what="config.pbtxt"), where)
+        check_config(cfg, d.name, where)
         versions = sorted((int(v.name), v) for v in d.iterdir()
                           if v.is_dir() and v.name.isdigit())
         if not versions:
             raise InputError(f"{where}: no version folder (e.g. {d.name}/1/model.onnx); "
                              "fix: put the model in a numbered folder")
-        if cfg.HasField("version_policy") and not (
-                cfg.version_policy.HasField("latest")
-                and cfg.version_policy.latest.num_versions <= 1):
-            raise InputError(
-                f"{where}: version_policy {cut(str(cfg.version_policy).strip(), 80)!r}: "
-                "servelab serves one version of a model, the highest numbered folder "
-                "(Triton's default, latest { num_versions: 1 }); fix: remove version_policy "
-                "or serve each version as a model of its own name")
         filename = cfg.default_model_filename or "model.onnx"
         onnx_path = versions[-1][1] / filename
         if not onnx_path.is_file():
@@ -114,7 +213,8 @@ def load_repository(root: str | Path) -> list[RepoModel]:
                              f"there as {filename}")
         policy, instances = policy_from_config(cfg, where)
         models.append(RepoModel(cfg.name or d.name, onnx_path, policy, instances,
-                                cfg.HasField("dynamic_batching"), str(versions[-1][0])))
+                                cfg.HasField("dynamic_batching"), str(versions[-1][0]),
+                                declared_io(cfg)))
     if not models:
         raise InputError(f"--model-repository = {cut(str(root))!r}: no model with a "
                          "config.pbtxt; fix: DIR/<model>/config.pbtxt and DIR/<model>/1/"

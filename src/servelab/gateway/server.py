@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from servelab.errors import InputError, cut
+from servelab.gateway.repository import Declared, check_declared
 from servelab.scenario import BatchingPolicy
 
 # The instance and batcher threads need the GIL back the moment their wait or the
@@ -24,13 +25,16 @@ SWITCH_INTERVAL_S = 0.0005
 class ModelSpec(NamedTuple):
     """One model to serve: its name, .onnx path and policy; without dynamic batching (a
     repository model whose config.pbtxt has no dynamic_batching) each request runs
-    alone, as Triton runs it; `version` is its repository folder's number."""
+    alone, as Triton runs it; `version` is its repository folder's number; the model's
+    inputs and outputs must be those `declared` (as Triton's ONNX Runtime backend checks
+    them at load)."""
 
     name: str
     path: str
     policy: BatchingPolicy
     dynamic_batching: bool = True
     version: str = "1"
+    declared: tuple[Declared, ...] = ()  # its config.pbtxt's inputs and outputs, if any
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,9 @@ def build(spec: GatewaySpec) -> Gateway:
         trace = TraceWriter(spec.trace_file, limit=spec.trace_requests)
     metrics = Metrics()
     served = []
-    for name, path, pol, dynamic, version in spec.models:
+    for name, path, pol, dynamic, version, declared in spec.models:
+        model = OnnxModel(path, name)
+        check_declared(declared, model, f"model {name!r} config.pbtxt")
         monitor = None
         if reference is not None and join is not None:
             from servelab.gateway.drift_monitor import DriftMonitor
@@ -132,7 +138,7 @@ def build(spec: GatewaySpec) -> Gateway:
             monitor = DriftMonitor(name, join.feature_names, reference,
                                    window=spec.drift_window, interval_s=spec.drift_interval_s)
         log = ServedLog(spec.log_dir, name) if spec.log_dir else None
-        served.append(ServedModel(OnnxModel(path, name), pol, pol.instances_per_gpu, metrics,
+        served.append(ServedModel(model, pol, pol.instances_per_gpu, metrics,
                                   join=join, log=log, drift=monitor, trace=trace,
                                   dynamic_batching=dynamic, version=version))
     app = create_gateway(served, allowed_hosts=allowed_hosts(spec.host, list(spec.allow_host)),
@@ -155,7 +161,7 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         say(f"--max-connections: {limits.max_connections} (the open-file limit allows no "
             "more)")
     check_can_listen(spec.host, spec.port)
-    for name, _, pol, dynamic, _ in spec.models:
+    for name, _, pol, dynamic, _, _ in spec.models:
         batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us" if dynamic
                     else "no dynamic batching (each request alone)")
         say(f"  {name}: max_batch_size {pol.max_batch_size}, {batching}, "
