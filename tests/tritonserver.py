@@ -102,7 +102,7 @@ def tritonserver(repo: Path, work: Path, *args: str) -> Iterator[tuple[str, str]
            str(home / "caches"), "--http-address", "127.0.0.1", "--http-port", str(http),
            "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc), "--metrics-address",
            "127.0.0.1", "--metrics-port", str(metrics), "--allow-gpu-metrics", "false",
-           "--log-error", "true", *args]
+           "--log-error", "true", "--exit-timeout-secs", "2", *args]
     with server_process(cmd, f"http://127.0.0.1:{http}/v2/health/ready", timeout_s=120,
                         env=env):
         yield f"127.0.0.1:{http}", f"127.0.0.1:{metrics}"

@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
+from servelab.batching.service import read_perf_analyzer_csv
 from servelab.gateway.demo import mlp_reference, write_mlp
 from tests.browser_support import free_port
 from tests.services import server_process
@@ -292,9 +293,19 @@ def test_servelab_load_measures_the_gateway(tmp_path):
         assert all(int(r["p99 latency"]) >= int(r["p50 latency"]) > 0 for r in table)
         closed = subprocess.run(
             [sys.executable, "-m", "servelab", "load", "--url", f"http://{url}", "--model",
-             "mlp", "--concurrency", "1,4", "--num-requests", "200", "--binary", "--json"],
+             "mlp", "--concurrency", "1,4", "--num-requests", "200", "--binary", "--json",
+             "--csv", str(tmp_path / "pa-closed.csv")],
             capture_output=True, text=True, timeout=120, check=False)
         assert closed.returncode == 0, closed.stderr
+        # Both modes' CSVs read back as a profile point (the lowest load's server compute).
+        for name, first in (("pa.csv", "Request Rate"), ("pa-closed.csv", "Concurrency")):
+            with (tmp_path / name).open() as fh:
+                low = next(csv.DictReader(fh))
+            compute_us = sum(int(low[c]) for c in ("Server Compute Input",
+                                                   "Server Compute Infer",
+                                                   "Server Compute Output"))
+            assert low[first] in ("100", "1")
+            assert read_perf_analyzer_csv(tmp_path / name) == pytest.approx(compute_us / 1e3)
         c1, c4 = json.loads(closed.stdout)
         assert (c1["concurrency"], c4["concurrency"]) == (1, 4)
         assert c1["ok"] == c4["ok"] == 200
@@ -336,3 +347,25 @@ def test_the_gateways_trace_replays_to_the_rule(tmp_path):
     assert r["requests"] == 1200
     assert r["measured"]["mean_batch"] == pytest.approx(row["mean_batch"], rel=1e-9)
     assert abs(r["rules"]["triton"]["error"]["mean_batch"]) < 0.10, r["rules"]["triton"]
+
+
+def test_sigterm_exits_promptly_after_bodies_parsed_off_the_event_loop(tmp_path):
+    """Large and compressed bodies are parsed on the gateway's parse thread. That thread
+    once kept the process from exiting after SIGTERM (the exit joined it for ever)."""
+    import gzip
+    import json
+    import time
+
+    x = np.ones((2, 16), np.float32).ravel().tolist()
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 16], "data": x}]}
+    big = json.dumps({**doc, "id": "p" * 300_000}).encode()  # over the inline parse size
+    with gateway(tmp_path, "--max-batch-size", "16384") as (proc, url):
+        for body, headers in ((big, {}), (gzip.compress(json.dumps(doc).encode()),
+                                          {"Content-Encoding": "gzip"})):
+            r = httpx.post(f"http://{url}/v2/models/mlp/infer", content=body, headers=headers,
+                           timeout=30)
+            assert r.status_code == 200, r.text
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) in (0, -signal.SIGTERM)
+        assert time.monotonic() - t0 < 10

@@ -142,14 +142,17 @@ PA_COMPUTE = ("Server Compute Input", "Server Compute Infer", "Server Compute Ou
 
 def read_perf_analyzer_csv(path: Path, field: str = "[model] perf_analyzer_csv") -> float:
     """GPU execution time (ms) of one batch from a `perf_analyzer -f` CSV: the server's
-    compute input + infer + output (microseconds) at the lowest concurrency measured."""
+    compute input + infer + output (microseconds) at the lowest load measured (its first
+    column: "Concurrency", or "Request Rate" from request-rate mode)."""
     rows = _csv_rows(path, field)
-    missing = [c for c in ("Concurrency", "Server Compute Infer") if not rows or c not in rows[0]]
+    load = next((c for c in ("Concurrency", "Request Rate") if rows and c in rows[0]),
+                "Concurrency")
+    missing = [c for c in (load, "Server Compute Infer") if not rows or c not in rows[0]]
     if missing:
         raise invalid(field, str(path), f"perf_analyzer -f output with columns {missing}",
                       "pass the CSV perf_analyzer wrote with -f (server-side stats included)")
     try:
-        row = min(rows, key=lambda r: float(r["Concurrency"]))
+        row = min(rows, key=lambda r: float(r[load]))
         us = sum(float(row[c]) for c in PA_COMPUTE if c in row and row[c] != "")
     except (ValueError, TypeError) as exc:
         raise InputError(f"{field} = {cut(str(path))!r}: a value is not a number "

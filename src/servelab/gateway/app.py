@@ -15,8 +15,9 @@ import functools
 import re
 import threading
 import time
+import zlib
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -374,6 +375,59 @@ class ServedModel:
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
 
+class BodyTooLargeError(InputError):
+    pass
+
+
+class UnsupportedEncodingError(InputError):
+    """415, as RFC 9110 says for a content coding the server does not know (Triton 2.51
+    answers 501, a server error, which this project's servers do not use for a client's
+    request)."""
+
+
+ENCODINGS = {"gzip": 31, "deflate": 15}  # zlib's wbits to compress: gzip, zlib headers
+INFLATE_WBITS = 47  # to inflate either (Triton takes gzip data sent as deflate too)
+
+
+def decompressed(body: bytes, encoding: str, limit: int) -> bytes:
+    """A request body sent with Content-Encoding gzip or deflate (zlib), as Triton takes
+    them, inflated to at most `limit` bytes (the model's largest valid request): a small
+    body that inflates past it is refused before it takes that memory."""
+    if encoding not in ENCODINGS:
+        raise UnsupportedEncodingError(
+            f"Content-Encoding {cut(encoding, 40)!r}: not supported; fix: send gzip, deflate "
+            "or an uncompressed body")
+    d = zlib.decompressobj(wbits=INFLATE_WBITS)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InputError(f"Content-Encoding {encoding}: the body is not {encoding} data "
+                         f"({exc}); fix: compress the whole body once") from None
+    if len(out) > limit:
+        raise BodyTooLargeError(f"the request body inflates past {limit} bytes, the largest "
+                                "valid request for this model; fix: send fewer rows a request")
+    if not d.eof:
+        raise InputError(f"Content-Encoding {encoding}: the body ends before its compressed "
+                         "data does; fix: send the whole compressed body")
+    return out
+
+
+def _answer_encoding(accept: str | None) -> str | None:
+    """The first of gzip and deflate an Accept-Encoding header names, if any."""
+    if not accept:
+        return None
+    for part in accept.split(","):
+        name = part.split(";")[0].strip()
+        if name in ENCODINGS and "q=0" not in part.replace(" ", "").split(";")[1:]:
+            return name
+    return None
+
+
+def compressed(payload: bytes, encoding: str) -> bytes:
+    c = zlib.compressobj(wbits=ENCODINGS[encoding])
+    return c.compress(payload) + c.flush()
+
+
 def unknown_version(name: str, version: str) -> str:
     return f"Request for unknown model: '{cut(name, 80)}' version {cut(version, 20)} is not found"
 
@@ -397,14 +451,23 @@ class InferFastPath:
             message = await receive()
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        header_length = None
+        header_length = encoding = accept = None
         for k, v in scope["headers"]:
             if k == b"inference-header-content-length":
                 header_length = v.decode("latin-1")
-        status, payload, ctype, hlen = await self.infer(m.group(1), b"".join(chunks),
-                                                        header_length, m.group(2))
-        headers = [(b"content-type", ctype.encode()),
-                   (b"content-length", str(len(payload)).encode())]
+            elif k == b"content-encoding":
+                encoding = v.decode("latin-1").strip().lower() or None
+            elif k == b"accept-encoding":
+                accept = v.decode("latin-1").lower()
+        status, payload, ctype, hlen = await self.infer(
+            m.group(1), b"".join(chunks), header_length, m.group(2),
+            None if encoding == "identity" else encoding)
+        headers = [(b"content-type", ctype.encode())]
+        answer_encoding = _answer_encoding(accept) if status == 200 else None
+        if answer_encoding is not None:  # as Triton: an answer compressed when asked
+            payload = compressed(payload, answer_encoding)
+            headers.append((b"content-encoding", answer_encoding.encode()))
+        headers.append((b"content-length", str(len(payload)).encode()))
         if hlen is not None:
             headers.append((b"inference-header-content-length", hlen.encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -535,9 +598,23 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         return Response(metrics.triton.exposition() + generate_latest(metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
+    inflated = {"bytes": 0}  # compressed bodies' inflated size, held until answered
+
+    def inflate_and_parse(body: bytes, encoding: str, header_length: str | None,
+                          sm: ServedModel) -> tuple[Any, int]:
+        """On the parse thread, one at a time: a compressed body inflated (up to the
+        model's largest valid request) and parsed; the inflated size, which the request
+        then holds of the in-flight budget (its compressed size was all the body limits
+        saw)."""
+        raw = decompressed(body, encoding, sm.max_request_bytes)
+        return parse_request(raw, header_length, sm.model.name, sm.inputs,
+                             sm.policy.max_batch_size), len(raw)
+
     async def infer(name: str, body: bytes, header_length: str | None,
-                    version: str | None = None) -> tuple[int, bytes, str, str | None]:
-        """One inference: (status, body, content type, Inference-Header-Content-Length)."""
+                    version: str | None = None, encoding: str | None = None
+                    ) -> tuple[int, bytes, str, str | None]:
+        """One inference: (status, body, content type, Inference-Header-Content-Length).
+        `encoding`: the body's Content-Encoding, if any."""
         sm = by_name.get(name)
         if sm is None:
             return (404, error_body(f"Request for unknown model: '{cut(name, 80)}' is not "
@@ -552,16 +629,39 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             sm.stats.fail.add(time.monotonic_ns() - t0)
             return status, error_body(message), "application/json", None
 
+        held = 0  # inflated bytes this request holds of the in-flight budget
         try:
-            if len(body) <= INLINE_PARSE_BYTES:
+            if encoding is not None:  # inflated and parsed on the parse thread
+                req, held = await asyncio.get_running_loop().run_in_executor(
+                    parse_pool, inflate_and_parse, body, encoding, header_length, sm)
+                if inflated["bytes"] + held > max_inflight_bytes:
+                    return 503, error_body(
+                        "the gateway holds too many request bytes now; fix: try again "
+                        "shortly"), "application/json", None
+                inflated["bytes"] += held
+            elif len(body) <= INLINE_PARSE_BYTES:
                 req = parse_request(body, header_length, name, sm.inputs,
                                     sm.policy.max_batch_size)
             else:
                 req = await asyncio.get_running_loop().run_in_executor(
                     parse_pool, parse_request, body, header_length, name, sm.inputs,
                     sm.policy.max_batch_size)
+        except BodyTooLargeError as exc:
+            return 413, error_body(str(exc)), "application/json", None
+        except UnsupportedEncodingError as exc:
+            return 415, error_body(str(exc)), "application/json", None
         except InputError as exc:  # refused before it reached the model: as Triton, no
             return 400, error_body(str(exc)), "application/json", None  # failure counted
+        try:
+            return await answer(sm, req, t0, fail)
+        finally:
+            inflated["bytes"] -= held
+
+    async def answer(sm: ServedModel, req: Any, t0: int,
+                     fail: Callable[[str, int, str], tuple[int, bytes, str, None]]
+                     ) -> tuple[int, bytes, str, str | None]:
+        """A parsed request through the batcher to its answer."""
+        name, lab = sm.model.name, sm.labels
         fut = sm.batcher.submit(req.inputs, req.rows)
         if fut is None:
             return fail("REJECTED", 503, "Exceeds maximum queue size")
@@ -624,4 +724,5 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                                          max_inflight_bytes=max_inflight_bytes,
                                          per_route=body_limit))
     app.state.models = by_name
+    app.state.parse_pool = parse_pool  # shut down when the gateway closes
     return app

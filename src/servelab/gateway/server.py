@@ -88,6 +88,9 @@ class Gateway:
     notes: list[str] = field(default_factory=list)
 
     def close(self) -> None:
+        # The parse thread is not a daemon: left running, the exit (cli._leave joins
+        # such threads) waited for it for ever, and the server had to be killed.
+        self.app.state.parse_pool.shutdown(wait=False, cancel_futures=True)
         for sm in self.served:
             if sm.log is not None:
                 sm.log.close()

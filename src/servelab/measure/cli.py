@@ -120,9 +120,10 @@ def _warn_behind(step: Any) -> None:
 def _write_perf_analyzer_csv(path: Path, report: Any) -> None:
     from servelab.measure.load import PA_COLUMNS, perf_analyzer_row
 
+    closed = any(step.concurrency for step in report.steps)
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(PA_COLUMNS)
+        w.writerow(("Concurrency", *PA_COLUMNS[1:]) if closed else PA_COLUMNS)
         for step in report.steps:
             w.writerow(perf_analyzer_row(step.to_dict()))
 

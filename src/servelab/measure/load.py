@@ -30,8 +30,10 @@ from servelab.measure.loadgen import (
     run_open_loop,
 )
 
-# perf_analyzer's CSV header (request-rate mode; with --concurrency the first column holds
-# the client count, as perf_analyzer's "Concurrency"); latencies in microseconds.
+# perf_analyzer's CSV header in request-rate mode; with --concurrency the first column is
+# "Concurrency", as perf_analyzer names it there. Latencies in microseconds. Client Send
+# and Client Recv (perf_analyzer's serialization and parse time) are not measured by
+# servelab's client, which sends prepared bytes: left blank.
 PA_COLUMNS = ("Request Rate", "Inferences/Second", "Client Send", "Network+Server Send/Recv",
               "Server Queue", "Server Compute Input", "Server Compute Infer",
               "Server Compute Output", "Client Recv", "p50 latency", "p90 latency",
