@@ -178,8 +178,11 @@ def get_online_features(repo: Repo, store: OnlineStore, features: list[str],
             col = entities.get(step.join_keys[0])
             if col is None:
                 raise _missing_keys(step.view, entities)
-            conv = step.key_convs[0]
-            keys = [(conv(v),) for v in col]
+            if set(map(type, col)) == {step.key_types[0]}:  # typed already: no call a key
+                keys = list(zip(col))
+            else:
+                conv = step.key_convs[0]
+                keys = [(conv(v),) for v in col]
         else:
             if not entities.keys() >= set(step.join_keys):
                 raise _missing_keys(step.view, entities)
@@ -202,7 +205,7 @@ def _one_row(plan: list[_ViewRead], row_read: RowRead | None,
     out: dict[str, list[Any]] = {k: list(v) for k, v in entities.items()}
     keys: list[tuple[Any, ...]] = []
     got: list[tuple[Sequence[Any] | None, str]] = []
-    for view, _, key_convs, _names, _status_names, join_keys, one in plan:
+    for view, _, key_convs, _types, _names, _status_names, join_keys, one in plan:
         if len(join_keys) == 1:
             col = entities.get(join_keys[0])
             if col is None:
@@ -290,6 +293,7 @@ class _ViewRead(NamedTuple):
     view: FeatureView
     features: tuple[str, ...]
     key_convs: list[Callable[[Any], Any]]
+    key_types: list[type]  # each key's Python type once typed (int or str)
     names: list[str]
     status_names: list[str]
     join_keys: tuple[str, ...]
@@ -312,6 +316,7 @@ def _read_plan(repo: Repo, store: OnlineStore, features: list[str], full: bool
     for view, feats in by_view.values():
         names = [f"{view.name}__{f}" if full else f for f in feats]
         plan.append(_ViewRead(view, tuple(feats), [_key_converter(view, k) for k in view.join_keys],
+                              [_key_type(view, k) for k in view.join_keys],
                               names, [f"{nm}__status" for nm in names], tuple(view.join_keys),
                               store.one_key_reader(view, feats)))
     row_read = store.row_reader([(p.view, p.features) for p in plan])
@@ -319,11 +324,15 @@ def _read_plan(repo: Repo, store: OnlineStore, features: list[str], full: bool
     return plan, row_read
 
 
+def _key_type(view: FeatureView, key: str) -> type:
+    return str if dict(view.key_dtypes)[key] == "string" else int
+
+
 def _key_converter(view: FeatureView, key: str) -> Callable[[Any], Any]:
     """A join-key value in its declared type (features/keys.py: the offline join types
     its key columns the same way)."""
     dtype = dict(view.key_dtypes)[key]
-    want = str if dtype == "string" else int
+    want = _key_type(view, key)
 
     def conv(value: Any) -> Any:
         if type(value) is want:  # the common case, at no cost

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,10 @@ _MAX_PLANS = 1_000  # read statements kept per store; past it the cache starts o
 
 def _json_keys(keys: list[tuple[Any, ...]]) -> str:
     """Keys' stored forms as one JSON array of strings (the parameter of a many-key read)."""
-    if keys and all(len(k) == 1 and type(k[0]) is int for k in keys):  # nothing to escape
-        return '["[' + ']","['.join([str(k[0]) for k in keys]) + ']"]'
+    if keys and set(map(len, keys)) == {1}:  # (map and set: the loops run in C)
+        heads = list(map(itemgetter(0), keys))
+        if set(map(type, heads)) == {int}:  # whole numbers: nothing to escape
+            return '["[' + ']","['.join(map(str, heads)) + ']"]'
     return json.dumps([entity_key(k) for k in keys])
 
 
