@@ -209,3 +209,42 @@ def test_compressed_bodies_and_answers(tmp_path):
     # answers 415, as RFC 9110 has it (a deliberate difference, docs/gateway.md).
     assert seen["triton"] == [501, 400, 200], seen
     assert seen["servelab"] == [415, 400, 200], seen
+
+
+def test_classification_extension(tmp_path):
+    """An output asked for with class_count k: per row the top k as "score:index"
+    strings, highest first, in JSON and binary; k past the classes gives them all; k 0
+    the raw output. Indices equal on both servers; scores to the printed digits."""
+    write_model(tmp_path / "repo", "m", "max_batch_size: 8 dynamic_batching { }")
+    x = np.random.default_rng(5).normal(size=(3, 16)).astype(np.float32)
+    seen: dict[str, list] = {}
+    with both(tmp_path / "repo", tmp_path) as urls:
+        for server, (url, _) in urls.items():
+            c = httpclient.InferenceServerClient(url)
+            inp = httpclient.InferInput("x", [3, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            got = []
+            for k in (1, 3, 9, 0):
+                for binary in (True, False):
+                    out = httpclient.InferRequestedOutput("y", binary_data=binary,
+                                                          class_count=k)
+                    r = c.infer("m", [inp], outputs=[out])
+                    meta = r.get_output("y")
+                    got.append((k, binary, meta["datatype"], meta["shape"],
+                                r.as_numpy("y")))
+            c.close()
+            seen[server] = got
+    for ours, theirs in zip(seen["servelab"], seen["triton"], strict=True):
+        assert ours[:4] == theirs[:4], (ours, theirs)
+        if ours[0] == 0:
+            np.testing.assert_allclose(ours[4], theirs[4], rtol=1e-5, atol=1e-5)
+            continue
+        for a, b in zip(ours[4].reshape(-1), theirs[4].reshape(-1), strict=True):
+            sa, ia = (a.decode() if isinstance(a, bytes) else a).split(":")
+            sb, ib = (b.decode() if isinstance(b, bytes) else b).split(":")
+            assert ia == ib
+            assert abs(float(sa) - float(sb)) <= 2e-6
+    k3 = seen["servelab"][2]
+    assert k3[3] == [3, 3]
+    top = np.argsort(-mlp_reference(x), axis=1)[:, 0]
+    assert [int(s.split(b":")[1]) for s in k3[4][:, 0]] == top.tolist()

@@ -12,9 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from servelab.errors import InputError
 from servelab.gateway.app import Metrics, ServedModel, create_gateway
 from servelab.gateway.demo import mlp_reference, write_mlp
-from servelab.gateway.runner import OnnxModel
+from servelab.gateway.protocol import parse_request, top_classes
+from servelab.gateway.runner import OnnxModel, TensorSpec
 from servelab.scenario import BatchingPolicy
 
 with warnings.catch_warnings():
@@ -214,3 +216,28 @@ def test_a_body_over_the_models_limit_is_413_before_it_is_read(client):
     # Other routes take no body at all worth speaking of.
     assert client.post("/v2/repository/index", content=b"x" * (2 * 1024 * 1024)
                        ).status_code == 413
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(1, 20), st.integers(0, 2**31))
+def test_classification_is_the_top_k_per_row(rows, classes, k, seed):
+    arr = np.random.default_rng(seed).normal(size=(rows, classes)).astype(np.float32)
+    arr[:, 0] = arr[:, -1]  # a tie: the lower index first
+    got = top_classes("y", arr, k)
+    assert got.shape == (rows, min(k, classes))
+    for row, labels in zip(arr, got, strict=True):
+        idx = [int(s.split(b":")[1]) for s in labels]
+        scores = [float(s.split(b":")[0]) for s in labels]
+        assert sorted(range(classes), key=lambda i: (-row[i], i))[:len(idx)] == idx
+        assert scores == [float(f"{float(row[i]):f}") for i in idx]
+
+
+def test_classification_parameter_is_checked():
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2],
+                                   "data": [1.0, 2.0]}],
+                       "outputs": [{"name": "y", "parameters": {"classification": -1}}]})
+    spec = (TensorSpec("x", "FP32", (-1, 2)),)
+    with pytest.raises(InputError, match="classification = -1"):
+        parse_request(body.encode(), None, "m", spec, 8)
+    with pytest.raises(InputError, match="shape \\[batch, classes\\]"):
+        top_classes("y", np.zeros((2, 3, 4), np.float32), 2)

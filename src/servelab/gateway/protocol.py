@@ -34,7 +34,9 @@ _BOOL_TYPES = frozenset({bool})
 class InferRequest:
     id: str | None
     inputs: dict[str, np.ndarray]
-    outputs: tuple[tuple[str, bool], ...]  # (name, binary) asked for; () means all
+    # (name, binary, classes) asked for, () meaning all; classes > 0: Triton's
+    # classification extension, the top `classes` as "score:index" strings
+    outputs: tuple[tuple[str, bool, int], ...]
     binary_default: bool  # parameters.binary_data_output
     rows: int
 
@@ -195,26 +197,62 @@ def parse_request(body: bytes, header_length: str | None, model: str,
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise _bad("request outputs: each output needs a name")
         p = o.get("parameters") or {}
-        outs.append((o["name"], bool(p.get("binary_data")) if isinstance(p, dict) else False))
+        if not isinstance(p, dict):
+            p = {}
+        k = p.get("classification", 0)
+        if type(k) is not int or not 0 <= k <= MAX_CLASSES:
+            raise _bad(f"output {cut(o['name'], 60)!r}: parameters.classification = "
+                       f"{cut(repr(k), 20)}: expected a whole number 0 to {MAX_CLASSES}; fix: "
+                       "ask for the top k classes with k >= 1 (0: the raw output)")
+        outs.append((o["name"], bool(p.get("binary_data")), k))
     rid = doc.get("id")
     return InferRequest(str(rid) if rid is not None else None, arrays, tuple(outs),
                         bool(params.get("binary_data_output")), n_rows)
+
+
+MAX_CLASSES = 1 << 20  # a classification's top k, at most
+
+
+def top_classes(name: str, arr: np.ndarray, k: int) -> np.ndarray:
+    """Triton's classification extension: per row of a [batch, classes] output, the top
+    k (at most the classes there are) as "score:index" byte strings, highest first, the
+    score printed as C's %f (Triton's std::to_string)."""
+    if arr.ndim != 2:
+        raise _bad(f"output {cut(name, 60)!r}: classification needs an output of shape "
+                   f"[batch, classes], this one is {list(arr.shape)}; fix: ask for it "
+                   "without parameters.classification")
+    k = min(k, arr.shape[1])
+    order = np.argsort(-arr.astype(np.float64), axis=1, kind="stable")[:, :k]
+    return np.array([[f"{float(row[i]):f}:{i}".encode() for i in idx]
+                     for row, idx in zip(arr, order, strict=True)], dtype=object
+                    ).reshape(arr.shape[0], k)
 
 
 def build_response(model: str, version: str, req: InferRequest,
                    outputs: tuple[TensorSpec, ...], values: dict[str, np.ndarray]
                    ) -> tuple[bytes, int | None]:
     """The response body and, when any tensor is binary, its JSON header's length."""
-    wanted = req.outputs or tuple((t.name, req.binary_default) for t in outputs)
+    wanted = req.outputs or tuple((t.name, req.binary_default, 0) for t in outputs)
     known = {t.name: t for t in outputs}
     out_json: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, binary in wanted:
+    for name, binary, classes in wanted:
         if name not in known:
             raise _bad(f"unexpected inference output {cut(name, 60)!r} for model {model!r}")
         arr = np.ascontiguousarray(values[name])
-        item: dict[str, Any] = {"name": name, "datatype": known[name].datatype,
-                                "shape": list(arr.shape)}
+        if classes:
+            labels = top_classes(name, arr, classes)
+            item: dict[str, Any] = {"name": name, "datatype": "BYTES",
+                                    "shape": list(labels.shape)}
+            if binary:
+                raw = b"".join(len(s).to_bytes(4, "little") + s for s in labels.reshape(-1))
+                item["parameters"] = {"binary_data_size": len(raw)}
+                blobs.append(raw)
+            else:
+                item["data"] = [s.decode() for s in labels.reshape(-1)]
+            out_json.append(item)
+            continue
+        item = {"name": name, "datatype": known[name].datatype, "shape": list(arr.shape)}
         if binary:
             raw = arr.astype(known[name].dtype, copy=False).tobytes()
             item["parameters"] = {"binary_data_size": len(raw)}
