@@ -1,4 +1,10 @@
-"""servelab serve against a real Triton (through PyTriton) on the same model, side by side.
+"""servelab serve against a real Triton on the same model, side by side.
+
+Two Tritons: PyTriton's (the default; Triton 2.x behind PyTriton's Python proxy), and
+with `--server tritonserver` Triton 2.51's own `tritonserver` from the same wheel
+(tests/tritonserver.py lays it out), serving a 16-64-4 MLP through its Python backend
+(NumPy) while servelab serves the same MLP as ONNX: Triton's own front end, batcher
+and statistics, without PyTriton's proxy.
 
 Both serve the same ONNX model (the demo's fraud classifier on its four features,
 run by ONNX Runtime on CPU) with the same batching (max_batch_size 32,
@@ -13,6 +19,7 @@ one in .bench-venv-pytriton (`pip install nvidia-pytriton onnxruntime`), unless
 --pytriton-python names a Python that has them.
 
     python bench/bench_serve_vs_triton.py [--rates 500,1000,1500,2000,3000] [--seconds 6]
+                                          [--server pytriton|tritonserver]
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ def started(cmd: list[str], port: int, env: dict[str, str] | None = None
     try:
         for _ in range(600):
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/v2/models/fraud/ready").status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200:
                     break
             if proc.poll() is not None:
                 raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
@@ -97,31 +104,32 @@ def started(cmd: list[str], port: int, env: dict[str, str] | None = None
             proc.kill()
 
 
-def stats(metrics_url: str) -> tuple[float, float]:
+def stats(metrics_url: str, model: str = "fraud") -> tuple[float, float]:
     """Inferences and executions from the Prometheus metrics, by Triton's names (both
     servers export them; PyTriton restricts Triton's statistics API to a token)."""
     text = httpx.get(metrics_url).text
     found = {}
     for name in ("nv_inference_count", "nv_inference_exec_count"):
-        m = re.search(rf'^{name}\{{[^}}]*model="fraud"[^}}]*\}} (\S+)$', text, re.M)
+        m = re.search(rf'^{name}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$', text, re.M)
         found[name] = float(m.group(1)) if m else 0.0
     return found["nv_inference_count"], found["nv_inference_exec_count"]
 
 
-def run(port: int, rates: list[float], seconds: float, metrics_url: str
+def run(port: int, rates: list[float], seconds: float, metrics_url: str,
+        model: str = "fraud", tensor: tuple[str, int] = ("features", 4)
         ) -> list[dict[str, float]]:
     rng = np.random.default_rng(3)
-    bodies = [http_request("127.0.0.1", port, "/v2/models/fraud/infer", json.dumps(
-        {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 4],
-                     "data": [float(v) for v in rng.uniform(0, 20, 4)]}]}).encode())
+    bodies = [http_request("127.0.0.1", port, f"/v2/models/{model}/infer", json.dumps(
+        {"inputs": [{"name": tensor[0], "datatype": "FP32", "shape": [1, tensor[1]],
+                     "data": [float(v) for v in rng.uniform(0, 20, tensor[1])]}]}).encode())
         for _ in range(512)]
     asyncio.run(run_open_loop("127.0.0.1", port, bodies, poisson_offsets(200, 400)))  # warm
     rows = []
     for rate in rates:
-        i0, e0 = stats(metrics_url)
+        i0, e0 = stats(metrics_url, model)
         res = asyncio.run(run_open_loop("127.0.0.1", port, bodies,
                                         poisson_offsets(rate, int(rate * seconds), seed=7)))
-        i1, e1 = stats(metrics_url)
+        i1, e1 = stats(metrics_url, model)
         s = res.summary()
         rows.append({"offered": rate, "achieved": s["achieved_per_s"], "errors": s["errors"],
                      "batch": (i1 - i0) / max(e1 - e0, 1), "p50": s["p50_ms"],
@@ -134,8 +142,12 @@ def main() -> None:
     ap.add_argument("--rates", default="500,1000,1500,2000,3000")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pytriton-python", default=None)
+    ap.add_argument("--server", choices=("pytriton", "tritonserver"), default="pytriton")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
+    if args.server == "tritonserver":
+        report(against_tritonserver(rates, args.seconds), "tritonserver")
+        return
     work = Path(tempfile.mkdtemp(prefix="servelab-vs-triton-"))
     _, _, model = build_demo(work / "repo")
     py = pytriton_python(args.pytriton_python)
@@ -157,6 +169,29 @@ def main() -> None:
     with started([py, str(server), str(model), str(port)], port, env):
         results["triton"] = run(port, rates, args.seconds,
                                 f"http://127.0.0.1:{port + 2}/metrics")
+    report(results, "Triton (PyTriton)")
+
+
+def against_tritonserver(rates: list[float], seconds: float) -> dict[str, list[dict[str, float]]]:
+    """The MLP on both: servelab on the ONNX file, tritonserver on its Python backend."""
+    from tests.tritonserver import tritonserver, write_model
+
+    work = Path(tempfile.mkdtemp(prefix="servelab-vs-tritonserver-"))
+    write_model(work / "repo", "mlp", "max_batch_size: 32 dynamic_batching { "
+                "max_queue_delay_microseconds: 2000 }")
+    results = {}
+    port = free_port()
+    with started([sys.executable, "-m", "servelab", "serve", "--model-repository",
+                  str(work / "repo" / "onnx"), "--port", str(port)], port):
+        results["servelab"] = run(port, rates, seconds, f"http://127.0.0.1:{port}/metrics",
+                                  "mlp", ("x", 16))
+    with tritonserver(work / "repo" / "python", work) as (http, metrics):
+        results["triton"] = run(int(http.rsplit(":", 1)[1]), rates, seconds,
+                                f"http://{metrics}/metrics", "mlp", ("x", 16))
+    return results
+
+
+def report(results: dict[str, list[dict[str, float]]], other: str) -> None:
     print(f"{'server':<9} {'offered':>8} {'achieved':>9} {'err':>5} {'batch':>6} "
           f"{'p50 ms':>8} {'p99 ms':>9}")
     for name, rows in results.items():
@@ -165,7 +200,12 @@ def main() -> None:
                   f"{r['batch']:>6.2f} {r['p50']:>8.2f} {r['p99']:>9.2f}")
     sat = {k: max(r["achieved"] for r in v) for k, v in results.items()}
     print(f"\nsaturation (highest achieved rate): servelab {sat['servelab']:.0f}/s, "
-          f"Triton (PyTriton) {sat['triton']:.0f}/s, ratio {sat['servelab'] / sat['triton']:.2f}")
+          f"{other} {sat['triton']:.0f}/s, ratio {sat['servelab'] / sat['triton']:.2f}")
+    ok = {k: max([r["achieved"] for r in v if r["p99"] < 50 and r["errors"] == 0] or [0.0])
+          for k, v in results.items()}
+    print(f"highest achieved rate with p99 < 50 ms and no errors: servelab "
+          f"{ok['servelab']:.0f}/s, {other} {ok['triton']:.0f}/s, ratio "
+          f"{ok['servelab'] / max(ok['triton'], 1):.2f}")
 
 
 if __name__ == "__main__":
