@@ -5,7 +5,9 @@ Written as Triton's code is: one batcher process looping like
 ``DynamicBatchScheduler::BatcherThread`` and waiting on a condition variable with
 a timeout, ``GetDynamicBatch`` as the literal scan over the queue (cursor, mark,
 ``best_preferred_batch_size``, ``payload_saturated_``), and the rate limiter's
-payload queue with ``2 x instances`` slots. It shares no code with the engine.
+payload queue with ``2 x instances`` slots, or, with a queue policy (a queue limit or
+a timeout), none: a payload forms only while an instance is idle, as Triton 2.51 does
+it. It shares no code with the engine.
 
 Order at one instant, as the engine documents it: instance completions and
 arrivals (SimPy's normal priority), then the batcher thread (lower priority),
@@ -77,8 +79,14 @@ def simulate_simpy_triton(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplie
         if timeout is not None and not quiet:  # nothing left to happen: stop the clock
             schedule_run(int(env.now) + timeout, thread["token"])
 
+    # Triton 2.51 prefetches only without a queue policy (core 66c61d2); without
+    # prefetching, PayloadSlotAvailable waits for a consumer: an idle instance.
+    prefetch = max_queue_size == 0 and timeout_ns == 0
+
     def slot_available() -> bool:
-        return len(rate_limiter) < 2 * num_instances
+        if prefetch:
+            return len(rate_limiter) < 2 * num_instances
+        return len(idle) > len(rate_limiter)
 
     # -- instances ----------------------------------------------------------------------
     def take_waiting() -> None:

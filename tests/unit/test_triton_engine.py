@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from servelab.batching.engine import SERVED
-from servelab.scenario import Closing
+from servelab.batching.engine import REJECTED, SERVED
+from servelab.batching.state import BatcherCore, Payload
+from servelab.scenario import BatchingPolicy, Closing
 from tests.conftest import MS, run_ms
 
 
@@ -110,16 +111,35 @@ def test_a_waiting_payload_of_the_largest_preferred_size_takes_one_more():
     assert starts_ms(triton) == [1.0, 1.0, 11.0, 11.0, 11.0, 105.0]
 
 
-def test_at_most_two_payloads_per_instance_wait():
-    # max_batch_size 1: every arrival is a full payload. One instance: one runs, two wait,
-    # and the thread blocks on the payload slot; the rest stay queued, so a queue limit of
-    # 1 rejects the arrivals behind the one that is queued.
+def test_with_a_queue_limit_nothing_waits_outside_the_queue():
+    # max_batch_size 1: every arrival is a full payload. With a queue policy Triton 2.51
+    # does not prefetch: a payload forms only while the instance waits for work. So 0
+    # runs, 0.1 is queued (the limit is 1) and 0.2 to 0.5 are rejected. (Before core
+    # 66c61d2 two payloads waited beside the queue: 0.1 and 0.2 in payloads, 0.3 queued.)
     arrivals = [0, 0.1, 0.2, 0.3, 0.4, 0.5]
     r = run_ms(arrivals, 10.0, closing=Closing.TRITON, max_batch_size=1, max_queue_size=1)
-    # 0 runs, 0.1 and 0.2 wait in payloads, 0.3 is queued, 0.4 and 0.5 are rejected.
-    assert r.status.tolist()[:4] == [SERVED] * 4
-    assert r.counts["rejected"] == 2
-    assert starts_ms(r)[:4] == [0.0, 10.0, 20.0, 30.0]
+    assert r.status.tolist() == [SERVED, SERVED] + [REJECTED] * 4
+    assert starts_ms(r)[:2] == [0.0, 10.0]
+
+
+def test_without_a_queue_policy_two_payloads_per_instance_wait():
+    # The same arrivals without a queue policy: the batcher hands two payloads over
+    # while the instance runs the first, then blocks on the payload slot.
+    started: list[Payload[int]] = []
+    core: BatcherCore[int] = BatcherCore(BatchingPolicy(max_batch_size=1), 1, started.append)
+    for i in range(6):
+        assert core.arrive(i, i * 100_000)
+        core.step(i * 100_000)
+    assert [p.items for p in started] == [[0]]
+    assert [p.items for p in core.waiting] == [[1], [2]]
+    assert [item for item, _, _ in core.queue] == [3, 4, 5]
+    limited: list[Payload[int]] = []
+    core = BatcherCore(BatchingPolicy(max_batch_size=1, max_queue_size=8), 1, limited.append)
+    for i in range(6):
+        assert core.arrive(i, i * 100_000)
+        core.step(i * 100_000)
+    assert not core.waiting
+    assert len(core.queue) == 5
 
 
 def test_low_load_matches_the_absorb_rule():

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from servelab.batching.engine import SERVED
+from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT
 from servelab.batching.simulate import simulate
 from servelab.scenario import scenario_from_dict
 
@@ -134,3 +134,63 @@ def test_littles_law_with_batching():
     w = ((r.end_ns - r.arrival_ns)[window]).mean() / 1e9
     assert in_queue.mean() == pytest.approx(lam_hat * wq, rel=0.02)
     assert in_system.mean() == pytest.approx(lam_hat * w, rel=0.02)
+
+
+def replicate_each(s, statistics) -> list[tuple[float, float]]:
+    """`replicate` for several statistics of the same runs."""
+    from dataclasses import replace
+
+    runs = [simulate(replace(s, workload=replace(s.workload, seed=k)))
+            for k in range(1, REPLICATIONS + 1)]
+    out = []
+    for statistic in statistics:
+        vals = [statistic(sim) for sim in runs]
+        half = t_quantile(0.995, REPLICATIONS - 1) * np.std(vals, ddof=1) / math.sqrt(
+            REPLICATIONS)
+        out.append((float(np.mean(vals)), float(half)))
+    return out
+
+
+def share(status: int):  # type: ignore[no-untyped-def]
+    return lambda sim: float((sim.records.status[WARMUP:] == status).mean())
+
+
+def served_wait_s(sim) -> float:
+    r = sim.records
+    ok = r.status[WARMUP:] == SERVED
+    return float((r.start_ns - r.arrival_ns)[WARMUP:][ok].mean() / 1e9)
+
+
+def test_mm1k_with_a_queue_limit():
+    """max_queue_size q, one instance, one row a batch: with a queue policy Triton 2.51
+    forms no payload ahead of a free instance (triton_engine, rule 1), so at most q wait
+    and one runs: M/M/1/K with K = q + 1 (with prefetching it was K = q + 3)."""
+    lam, mu, q = 900.0, 1000.0, 4
+    k, rho = q + 1, lam / mu
+    p_block = (1 - rho) * rho**k / (1 - rho ** (k + 1))
+    in_system = rho / (1 - rho) - (k + 1) * rho ** (k + 1) / (1 - rho ** (k + 1))
+    wait = in_system / (lam * (1 - p_block)) - 1 / mu  # Little's law on the accepted
+    s = scenario(lam, {"kind": "constant", "latency_ms": 1.0, "variability": "exponential"},
+                 max_queue_size=q)
+    (pb, pb_half), (w, w_half) = replicate_each(s, [share(REJECTED), served_wait_s])
+    check(p_block, pb, pb_half)
+    check(wait, w, w_half)
+
+
+def test_mm1_with_a_deterministic_timeout():
+    """default_timeout D, one instance, one row a batch: M/M/1+D. A request leaves at its
+    deadline if still queued; FCFS with exponential service, it is served iff the work
+    ahead of it at arrival V is under D, and waits V. V's stationary law (Baccelli,
+    Boyer and Hebuterne, 1984): an atom P0 at 0, density P0 lam e^(-(mu-lam)v) below D
+    and P0 lam e^(-(mu-lam)D) e^(-mu(v-D)) above."""
+    lam, mu, d = 900.0, 1000.0, 0.002
+    th = mu - lam
+    p0 = 1 / (1 + lam * (1 - math.exp(-th * d)) / th + lam * math.exp(-th * d) / mu)
+    p_timeout = p0 * lam * math.exp(-th * d) / mu
+    below = p0 * lam * (1 / th**2 - math.exp(-th * d) * (d / th + 1 / th**2))  # E[V; V<D]
+    wait = below / (1 - p_timeout)
+    s = scenario(lam, {"kind": "constant", "latency_ms": 1.0, "variability": "exponential"},
+                 default_timeout_microseconds=int(d * 1e6))
+    (pt, pt_half), (w, w_half) = replicate_each(s, [share(TIMED_OUT), served_wait_s])
+    check(p_timeout, pt, pt_half)
+    check(wait, w, w_half)

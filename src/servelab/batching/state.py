@@ -70,6 +70,9 @@ class BatcherCore(Generic[T]):
         self.pref_floor, self.pref_above = preference_tables(self.is_pref, mbs)
         self.max_pref = int(self.pref_floor[mbs])
         self.slots = 2 * num_instances
+        # Triton 2.51 prefetches payloads only without a queue policy (triton_engine,
+        # rule 1): with one, a payload forms only while an instance waits for work.
+        self.prefetch = not (policy.max_queue_size or policy.default_timeout_microseconds)
         self.idle = num_instances
         self.on_start = on_start
         self.queue: deque[tuple[T, int, int]] = deque()  # (item, arrival ns, rows) queued
@@ -99,7 +102,7 @@ class BatcherCore(Generic[T]):
         if rows > 1:
             self.multi_row += 1
         stale = self.current is not None and self.current.started
-        if len(self.waiting) < self.slots and (
+        if self._slot_free() and (
                 self.saturated or stale or self.queued_rows >= self.next_pref):
             self.wake = True
         return True
@@ -117,7 +120,7 @@ class BatcherCore(Generic[T]):
         if not self.blocked and self.timer_ns <= now and (self.queue or not self.timer_idle):
             self.wake = True
         self._dispatch()
-        if self.wake and not (self.blocked and len(self.waiting) >= self.slots):
+        if self.wake and not (self.blocked and not self._slot_free()):
             self._run_thread(now)
         self.wake = False
         expired: list[T] = []
@@ -143,6 +146,13 @@ class BatcherCore(Generic[T]):
         return t
 
     # -- the batcher thread --------------------------------------------------------------
+    def _slot_free(self) -> bool:
+        """May the thread hand over a payload? With prefetching while fewer than `slots`
+        wait; without, while an idle instance has none waiting for it."""
+        if self.prefetch:
+            return len(self.waiting) < self.slots
+        return self.idle > len(self.waiting)
+
     def _dispatch(self) -> None:
         while self.idle > 0 and self.waiting:
             p = self.waiting.popleft()
@@ -161,7 +171,7 @@ class BatcherCore(Generic[T]):
             if not self.queue:
                 self.timer_ns, self.timer_idle, self.blocked = now + IDLE_WAIT_NS, True, False
                 return
-            if len(self.waiting) >= self.slots:
+            if not self._slot_free():
                 self.blocked = True
                 return
             self.blocked = False

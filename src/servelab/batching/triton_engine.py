@@ -13,6 +13,12 @@ priority level:
 1. **Payload slots** (``RateLimiter::PayloadSlotAvailable``): at most
    ``2 x instances`` payloads wait in the rate limiter's queue. The batcher
    thread blocks (``cv_.wait(lock, wait_for_slots)``) while the queue is full.
+   With a queue policy (``max_queue_size`` or a default timeout set) there is
+   no prefetching, as in Triton 2.51 (core commit 66c61d2, 2023-08: the
+   scheduler's ``SupportPrefetching()`` is false, and ``PayloadSlotAvailable``
+   then waits for a consumer): a payload forms only while an instance waits
+   for work, so every request not yet executing is in the queue, counts
+   against ``max_queue_size`` and can time out.
 2. **A new payload** (``BatcherThread``: ``if (payload_saturated_ ||
    IsStaleState(...)) NewPayload(); next_preferred_batch_size_ = 0``) when the
    current one is saturated or an instance has started executing it.
@@ -103,6 +109,13 @@ def _ring(i: int, cap: int) -> int:
     """Index i (0 to 2 * cap - 1) of a ring of cap slots: a compare, where ``i % cap``
     is a division (Python's, with its sign fix-up) that cost 5% of a run."""
     return i - cap if i >= cap else i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slot_free(prefetch: bool, rq_count: int, slots: int, n_idle: int) -> bool:
+    """May the batcher thread hand over a payload now? With prefetching while fewer than
+    `slots` payloads wait; without, while an idle instance has none waiting for it."""
+    return rq_count < slots if prefetch else n_idle > rq_count
 
 
 @njit(cache=True, nogil=True)
@@ -350,6 +363,7 @@ def run_batcher_triton(
     blocked = st[S_BLOCKED] != 0  # waiting for a payload slot (no timer)
     slots = 2 * num_instances
     cap = slots + 1
+    prefetch = max_queue_size == 0 and timeout_ns == 0  # (see rule 1)
     horizon = _NEVER if limit >= n else arrival_ns[limit - 1]
     if batcher_first > 0.0 and st[S_SEEDED] == 0:
         np.random.seed(seed)
@@ -391,8 +405,8 @@ def run_batcher_triton(
             while nxt < n and arrival_ns[nxt] < other:
                 if max_queue_size > 0 and tail - p_head >= max_queue_size:
                     break
-                if rq_count < slots and (saturated or cp_stale
-                                         or tail + 1 - p_head >= next_pref):
+                if (_slot_free(prefetch, rq_count, slots, n_idle)
+                        and (saturated or cp_stale or tail + 1 - p_head >= next_pref)):
                     break
                 if timeout_ns > 0 and tail == p_head:  # a new head: its deadline counts
                     other = min(other, arrival_ns[nxt] + timeout_ns)
@@ -430,8 +444,8 @@ def run_batcher_triton(
             else:
                 queue[tail] = nxt
                 tail += 1
-                if rq_count < slots and (saturated or cp_stale
-                                         or tail - p_head >= next_pref):
+                if (_slot_free(prefetch, rq_count, slots, n_idle)
+                        and (saturated or cp_stale or tail - p_head >= next_pref)):
                     wake = True
             nxt += 1
         if timer_idle and not blocked and tail > p_head and timer < t:
@@ -445,7 +459,8 @@ def run_batcher_triton(
         # until it sleeps or blocks; each payload it hands over is taken by an
         # idle instance at once. At a completion the thread may win the race and look
         # first (``batcher_first``), growing the waiting payload before it is taken.
-        skip_take = (completed and batcher_first > 0.0 and rq_count < slots
+        skip_take = (completed and batcher_first > 0.0
+                     and _slot_free(prefetch, rq_count, slots, n_idle)
                      and (batcher_first >= 1.0 or np.random.random() < batcher_first))
         running = True
         while True:
@@ -469,7 +484,7 @@ def run_batcher_triton(
                     nb += 1
             if not running:
                 break
-            if not wake or (blocked and rq_count >= slots):
+            if not wake or (blocked and not _slot_free(prefetch, rq_count, slots, n_idle)):
                 running = False
                 continue
             if saturated or cp_stale:  # NewPayload()
@@ -484,7 +499,7 @@ def run_batcher_triton(
                 blocked = False
                 running = False
                 continue
-            if rq_count >= slots:
+            if not _slot_free(prefetch, rq_count, slots, n_idle):
                 blocked = True
                 running = False
                 continue
