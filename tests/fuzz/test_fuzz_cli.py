@@ -168,7 +168,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                   "--preferred-batch-size", "--timeout-us", "--max-queue-size", "--missing",
                   "--drift-window", "--drift-interval", "--port", "--store",
                   "--feature-service", "--max-connections", "--header-timeout-s",
-                  "--body-timeout-s", "--max-inflight-mb"],
+                  "--body-timeout-s", "--max-inflight-mb", "--metrics-port"],
     ("features", "train"): ["--service", "--labels", "--label", "--out", "--engine"],
     ("features", "skew"): ["--service", "--log", "--engine"],
     ("drift",): ["--features", "--timestamp", "--window", "--bins", "--epsilon", "--warn",

@@ -31,13 +31,14 @@ pytestmark = pytest.mark.skipif(pytriton_python() is None,
 @contextlib.contextmanager
 def both(repo: Path, work: Path) -> Iterator[dict[str, tuple[str, str]]]:
     """The gateway on repo/onnx and tritonserver on repo/python: {server: (HTTP address,
-    metrics address)}, each host:port (the gateway's metrics are on its HTTP port)."""
-    port = free_port()
+    metrics address)}, each host:port (both with a metrics port of its own)."""
+    port, metrics_port = free_port(), free_port()
     with tritonserver(repo / "python", work) as triton, server_process(
             [sys.executable, "-m", "servelab", "serve", "--model-repository",
-             str(repo / "onnx"), "--port", str(port)],
+             str(repo / "onnx"), "--port", str(port), "--metrics-port", str(metrics_port)],
             f"http://127.0.0.1:{port}/v2/health/ready"):
-        yield {"servelab": (f"127.0.0.1:{port}",) * 2, "triton": triton}
+        yield {"servelab": (f"127.0.0.1:{port}", f"127.0.0.1:{metrics_port}"),
+               "triton": triton}
 
 
 def burst(url: str, model: str, x: np.ndarray, n: int) -> None:
@@ -122,11 +123,14 @@ def test_versions_status_codes_failure_accounting_and_metrics(tmp_path):
             st = httpx.get(f"http://{url}/v2/models/m/stats").json()["model_stats"][0]
             counts = {k: v["count"] for k, v in st["inference_stats"].items()
                       if k in ("success", "fail")}
-            seen[server] = [got, st["version"], counts, before]
+            foreign = httpx.get(f"http://{metrics_url}/metrics",
+                                headers={"Host": "evil.example"}).status_code
+            seen[server] = [got, st["version"], counts, before, foreign]
     assert seen["servelab"][0] == seen["triton"][0], list(zip(
         cases, seen["servelab"][0], seen["triton"][0], strict=True))
     assert seen["servelab"][1:3] == seen["triton"][1:3] == ["3", {"success": 2, "fail": 0}]
     ours, theirs = seen["servelab"][3], seen["triton"][3]
+    assert seen["servelab"][4] == 403  # the metrics port checks the Host too
     assert theirs.keys() >= TRITON_FAMILIES, sorted(theirs)
     for name in TRITON_FAMILIES:
         assert ours.get(name) == theirs[name], (name, ours.get(name), theirs[name])

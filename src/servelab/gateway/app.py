@@ -587,16 +587,18 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         return json_response([{"name": n, "version": m.version, "state": "READY"}
                               for n, m in by_name.items()])
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
+    def metrics_text() -> bytes:
         for m in by_name.values():
             metrics.triton.set("nv_inference_pending_request_count", m.labels,
                                m.batcher.in_flight)
             if m.log is not None:
                 metrics.log_dropped.labels(**m.labels).set(m.log.dropped)
                 metrics.log_written.labels(**m.labels).set(m.log.written)
-        return Response(metrics.triton.exposition() + generate_latest(metrics.registry),
-                        media_type=CONTENT_TYPE_LATEST)
+        return metrics.triton.exposition() + generate_latest(metrics.registry)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     inflated = {"bytes": 0}  # compressed bodies' inflated size, held until answered
 
@@ -725,4 +727,24 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                                          per_route=body_limit))
     app.state.models = by_name
     app.state.parse_pool = parse_pool  # shut down when the gateway closes
+    app.state.metrics_text = metrics_text  # for a metrics port of its own
+    return app
+
+
+def create_metrics_app(gateway: FastAPI, allowed_hosts: tuple[str, ...]) -> FastAPI:
+    """/metrics alone, for `--metrics-port` (Triton serves its metrics on a port of its
+    own, 8002 by default): the gateway's text, behind the same Host check."""
+    app = FastAPI(title="servelab metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    text = gateway.state.metrics_text
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(str(exc.detail), exc.status_code)
+
+    app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts, max_body=OTHER_BODY_BYTES,
+                       server="the metrics port")
     return app

@@ -83,6 +83,9 @@ def serve(
     max_inflight_mb: Annotated[float, typer.Option(
         help="MiB of request bodies all requests together may hold (503 past it).",
         min=1, max=65536)] = 256.0,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Also serve /metrics on this port, as Triton's --metrics-port (8002); "
+             "/metrics stays on --port.", min=1, max=65535)] = None,
 ) -> None:
     """Serve ONNX models over the Open Inference Protocol v2, batched with Triton's rules."""
     from servelab.api import load
@@ -111,7 +114,7 @@ def serve(
         tuple(models), feature_repo, feature_service, store, missing, log_dir, trace_file,
         trace_requests, drift_reference, drift_window, drift_interval, host, port,
         tuple(allow_host or ()), max_connections, header_timeout_s, body_timeout_s,
-        max_inflight_mb))
+        max_inflight_mb, metrics_port))
 
     def say(line: str) -> None:
         stderr.print(line, highlight=False, markup=False)

@@ -59,6 +59,7 @@ class GatewaySpec:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_inflight_mb: float = 256.0
+    metrics_port: int | None = None  # /metrics on a port of its own too, as Triton's 8002
 
     def check(self) -> None:
         if not self.models:
@@ -74,6 +75,10 @@ class GatewaySpec:
         if self.drift_reference is not None and self.feature_repo is None:
             raise InputError("--drift-reference: drift is watched on joined features; fix: "
                              "serve with --feature-repo and --feature-service (or --demo)")
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise InputError(f"--metrics-port = {self.metrics_port}: the same as --port; "
+                             "fix: another port (Triton's is 8002), or leave it out: /metrics "
+                             "is on --port too")
 
 
 @dataclass
@@ -164,6 +169,10 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         say(f"--max-connections: {limits.max_connections} (the open-file limit allows no "
             "more)")
     check_can_listen(spec.host, spec.port)
+    if spec.metrics_port is not None:
+        check_can_listen(spec.host, spec.metrics_port)
+        _serve_metrics(gw, limits, spec.metrics_port)
+        say(f"metrics on http://{spec.host}:{spec.metrics_port}/metrics")
     for name, _, pol, dynamic, _, _ in spec.models:
         batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us" if dynamic
                     else "no dynamic batching (each request alone)")
@@ -187,6 +196,24 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
     finally:
         gw.close()
         sys.stderr.flush()
+
+
+def _serve_metrics(gw: Gateway, limits: Any, port: int) -> None:
+    """/metrics on --metrics-port, from a daemon thread with its own event loop (uvicorn
+    takes no signals outside the main thread: the process's exit ends it)."""
+    import threading
+
+    import uvicorn
+
+    from servelab.gateway.app import create_metrics_app
+    from servelab.http import allowed_hosts, guarded_http_protocol
+
+    spec = gw.spec
+    app = create_metrics_app(gw.app, allowed_hosts(spec.host, list(spec.allow_host)))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=spec.host, port=port, log_level="warning", access_log=False,
+        proxy_headers=False, http=guarded_http_protocol(limits)))
+    threading.Thread(target=server.run, name="servelab-metrics", daemon=True).start()
 
 
 def _exit_cleanly(signum: int, frame: Any) -> None:
