@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +30,15 @@ pytestmark = pytest.mark.skipif(pytriton_python() is None,
 
 
 @contextlib.contextmanager
-def both(repo: Path, work: Path) -> Iterator[dict[str, tuple[str, str]]]:
+def both(repo: Path, work: Path, triton_args: tuple[str, ...] = (),
+         servelab_args: tuple[str, ...] = ()) -> Iterator[dict[str, tuple[str, str]]]:
     """The gateway on repo/onnx and tritonserver on repo/python: {server: (HTTP address,
     metrics address)}, each host:port (both with a metrics port of its own)."""
     port, metrics_port = free_port(), free_port()
-    with tritonserver(repo / "python", work) as triton, server_process(
+    with tritonserver(repo / "python", work, *triton_args) as triton, server_process(
             [sys.executable, "-m", "servelab", "serve", "--model-repository",
-             str(repo / "onnx"), "--port", str(port), "--metrics-port", str(metrics_port)],
+             str(repo / "onnx"), "--port", str(port), "--metrics-port", str(metrics_port),
+             *servelab_args],
             f"http://127.0.0.1:{port}/v2/health/ready"):
         yield {"servelab": (f"127.0.0.1:{port}", f"127.0.0.1:{metrics_port}"),
                "triton": triton}
@@ -252,3 +255,42 @@ def test_classification_extension(tmp_path):
     assert k3[3] == [3, 3]
     top = np.argsort(-mlp_reference(x), axis=1)[:, 0]
     assert [int(s.split(b":")[1]) for s in k3[4][:, 0]] == top.tolist()
+
+
+SUMMARIES = ("nv_inference_request_summary_us", "nv_inference_queue_summary_us",
+             "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",
+             "nv_inference_compute_output_summary_us")
+
+
+def test_latency_summaries(tmp_path):
+    """Triton's --metrics-config summary_latencies=true and the gateway's
+    --summary-latencies: the same summary families, series and counts (a request each),
+    NaN quantiles before any request and finite ones after."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    write_model(tmp_path / "repo", "m", "max_batch_size: 8 dynamic_batching { }")
+    x = np.ones((2, 16), np.float32)
+    seen = {}
+    with both(tmp_path / "repo", tmp_path, ("--metrics-config", "summary_latencies=true"),
+              ("--summary-latencies",)) as urls:
+        for server, (url, metrics_url) in urls.items():
+            def summaries() -> dict[str, object]:
+                fams = {f.name: f for f in text_string_to_metric_families(
+                    httpx.get(f"http://{metrics_url}/metrics").text)}  # noqa: B023
+                return {n: (fams[n].type, sorted((s.name, tuple(sorted(s.labels.items())),
+                                                  s.value if s.name.endswith("_count")
+                                                  else math.isfinite(s.value))
+                                                 for s in fams[n].samples))
+                        for n in SUMMARIES}
+
+            before = summaries()
+            c = httpclient.InferenceServerClient(url)
+            inp = httpclient.InferInput("x", [2, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            for _ in range(5):
+                c.infer("m", [inp])
+            c.close()
+            seen[server] = (before, summaries())
+    assert seen["servelab"] == seen["triton"], seen
+    _, after = seen["servelab"]
+    assert all(typ == "summary" for typ, _ in after.values())

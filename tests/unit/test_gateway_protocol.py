@@ -241,3 +241,25 @@ def test_classification_parameter_is_checked():
         parse_request(body.encode(), None, "m", spec, 8)
     with pytest.raises(InputError, match="shape \\[batch, classes\\]"):
         top_classes("y", np.zeros((2, 3, 4), np.float32), 2)
+
+
+def test_latency_summaries_are_bounded_and_their_quantiles_exact_over_the_window():
+    from servelab.gateway.app import SUMMARY_MAX_SAMPLES, _quantiles, _Summary
+
+    s = _Summary()
+    rng = np.random.default_rng(1)
+    values = rng.exponential(1000.0, 3 * SUMMARY_MAX_SAMPLES)
+    for i, v in enumerate(values):
+        s.observe(float(v), 1, now=i * 1e-3)
+    s.observe(5.0, 10**9, now=60.0)  # a huge batch: its samples are capped too
+    assert s.count == values.size + 10**9
+    assert len(s.values) == len(s.times) == SUMMARY_MAX_SAMPLES
+    window = s.window(now=60.0)
+    assert np.all(window == 5.0)
+    assert _quantiles(window) == [5.0] * 5
+    fresh = _Summary()
+    for i, v in enumerate(values[:100]):
+        fresh.observe(float(v), 1, now=float(i))
+    got = _quantiles(fresh.window(now=100.0))  # samples older than 60 s are gone
+    assert got == pytest.approx(np.quantile(values[40:100], [0.5, 0.9, 0.95, 0.99, 0.999]))
+    assert all(np.isnan(_quantiles(fresh.window(now=1e6))))

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import re
 import threading
 import time
 import zlib
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -113,6 +114,59 @@ TRITON_METRICS = {
 }
 
 
+# Triton's latency summaries (`--metrics-config summary_latencies=true`; here
+# `--summary-latencies`): per request, the quantiles over a sliding window.
+TRITON_SUMMARIES = {
+    "nv_inference_request_summary_us": "Summary of inference request duration in "
+                                       "microseconds (includes cached requests)",
+    "nv_inference_queue_summary_us": "Summary of inference queuing duration in microseconds "
+                                     "(includes cached requests)",
+    "nv_inference_compute_input_summary_us": "Cumulative compute input duration in "
+                                             "microseconds (does not include cached requests)",
+    "nv_inference_compute_infer_summary_us": "Cumulative compute inference duration in "
+                                             "microseconds (does not include cached requests)",
+    "nv_inference_compute_output_summary_us": "Cumulative inference compute output duration "
+                                              "in microseconds (does not include cached "
+                                              "requests)",
+}
+SUMMARY_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)  # Triton's
+SUMMARY_WINDOW_S = 60.0  # the quantiles' window
+SUMMARY_MAX_SAMPLES = 10_000  # per model and summary: the window's memory is bounded
+
+
+class _Summary:
+    """One summary series: count and sum over all time, and the samples of the last
+    SUMMARY_WINDOW_S (the latest SUMMARY_MAX_SAMPLES of them) for its quantiles."""
+
+    __slots__ = ("count", "times", "total", "values")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.times: deque[float] = deque(maxlen=SUMMARY_MAX_SAMPLES)
+        self.values: deque[float] = deque(maxlen=SUMMARY_MAX_SAMPLES)
+
+    def observe(self, value: float, times: int, now: float) -> None:
+        self.count += times
+        self.total += value * times
+        k = min(times, SUMMARY_MAX_SAMPLES)
+        self.times.extend([now] * k)
+        self.values.extend([value] * k)
+
+    def window(self, now: float) -> np.ndarray:
+        """The window's samples (a copy: the quantiles are taken outside the lock)."""
+        while self.times and self.times[0] < now - SUMMARY_WINDOW_S:
+            self.times.popleft()
+            self.values.popleft()
+        return np.array(self.values, dtype=np.float64)
+
+
+def _quantiles(values: np.ndarray) -> list[float]:
+    if not values.size:
+        return [math.nan] * len(SUMMARY_QUANTILES)
+    return [float(q) for q in np.quantile(values, SUMMARY_QUANTILES)]
+
+
 # The failure reasons Triton 2.51 exposes, each from 0 as soon as the model is loaded.
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 _GAUGES = {"nv_inference_pending_request_count"}
@@ -130,9 +184,28 @@ class _TritonCollector(Collector):
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
+        self.summaries: dict[tuple[str, tuple[tuple[str, str], ...]], _Summary] | None = None
+
+    def enable_summaries(self) -> None:
+        self.summaries = {}
+
+    def observe(self, name: str, labels: dict[str, str], value: float, times: int = 1
+                ) -> None:
+        """A summary's sample (`times` requests of `value`), when summaries are on."""
+        if self.summaries is None:
+            return
+        key = (name, tuple(sorted(labels.items())))
+        with self.lock:
+            got = self.summaries.get(key)
+            if got is None:
+                got = self.summaries[key] = _Summary()
+            got.observe(value, times, time.monotonic())
 
     def add_model(self, labels: dict[str, str]) -> None:
         """Every series of a model at 0, as Triton has them once it is loaded."""
+        if self.summaries is not None:
+            for name in TRITON_SUMMARIES:
+                self.summaries[(name, tuple(sorted(labels.items())))] = _Summary()
         for name in TRITON_METRICS:
             if name == "nv_inference_request_failure":
                 for reason in FAILURE_REASONS:
@@ -151,9 +224,30 @@ class _TritonCollector(Collector):
             for (n, labels), v in items:
                 if n == name:
                     text = ",".join(f'{k}="{_escape(val)}"' for k, val in labels)
-                    value = str(int(v)) if float(v).is_integer() else repr(float(v))
-                    lines.append(f"{name}{{{text}}} {value}")
+                    lines.append(f"{name}{{{text}}} {_number(v)}")
+        if self.summaries is not None:
+            lines += self._summary_lines()
         return ("\n".join(lines) + "\n").encode()
+
+    def _summary_lines(self) -> list[str]:
+        assert self.summaries is not None
+        now = time.monotonic()
+        with self.lock:
+            snap = sorted((k, s.count, s.total, s.window(now))
+                          for k, s in self.summaries.items())
+        items = [(k, count, total, _quantiles(w)) for k, count, total, w in snap]
+        lines = []
+        for name, doc in TRITON_SUMMARIES.items():
+            lines += [f"# HELP {name} {doc}", f"# TYPE {name} summary"]
+            for (n, labels), count, total, qs in items:
+                if n != name:
+                    continue
+                text = ",".join(f'{k}="{_escape(val)}"' for k, val in labels)
+                lines += [f"{name}_count{{{text}}} {count}",
+                          f"{name}_sum{{{text}}} {_number(total)}"]
+                lines += [f'{name}{{{text},quantile="{q:g}"}} {_number(v)}'
+                          for q, v in zip(SUMMARY_QUANTILES, qs, strict=True)]
+        return lines
 
     def inc(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
         with self.lock:
@@ -167,6 +261,14 @@ class _TritonCollector(Collector):
         return iter(())
 
 
+def _number(v: float) -> str:
+    """A sample value as Triton writes it: whole numbers without a point (34)."""
+    v = float(v)
+    if math.isnan(v):
+        return "NaN"
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
 def _escape(value: str) -> str:
     """A label value as the text format writes it."""
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -176,9 +278,11 @@ class Metrics:
     """Prometheus metrics: Triton's counters by Triton's names and labels, plus servelab's
     histograms (fine enough buckets to read a p99)."""
 
-    def __init__(self) -> None:
+    def __init__(self, summary_latencies: bool = False) -> None:
         self.registry = CollectorRegistry()
         self.triton = _TritonCollector()
+        if summary_latencies:
+            self.triton.enable_summaries()
         self.registry.register(self.triton)
         r, labels = self.registry, ["model", "version"]
         self.request_s = Histogram("servelab_request_duration_seconds",
@@ -326,6 +430,13 @@ class ServedModel:
         m.inc("nv_inference_compute_infer_duration_us", lab, timing.infer_ns * n / 1e3)
         m.inc("nv_inference_compute_output_duration_us", lab, timing.output_ns * n / 1e3)
         m.batch_size.labels(**lab).observe(n)
+        if m.triton.summaries is not None:  # per request, as Triton's
+            m.triton.observe("nv_inference_compute_input_summary_us", lab,
+                             timing.input_ns / 1e3, n)
+            m.triton.observe("nv_inference_compute_infer_summary_us", lab,
+                             timing.infer_ns / 1e3, n)
+            m.triton.observe("nv_inference_compute_output_summary_us", lab,
+                             timing.output_ns / 1e3, n)
 
     def config_json(self) -> dict[str, Any]:
         """The model's configuration in Triton's JSON form (GET .../config)."""
@@ -689,6 +800,9 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         metrics.inc("nv_inference_queue_duration_us", lab, queue_ns / 1e3)
         metrics.inc("nv_inference_request_success", lab)
         metrics.inc("nv_inference_request_duration_us", lab, (done - t0) / 1e3)
+        if metrics.triton.summaries is not None:
+            metrics.triton.observe("nv_inference_request_summary_us", lab, (done - t0) / 1e3)
+            metrics.triton.observe("nv_inference_queue_summary_us", lab, queue_ns / 1e3)
         sm.queue_hist.observe(queue_ns / 1e9)
         sm.request_hist.observe((done - t0) / 1e9)
         if header_len is not None:

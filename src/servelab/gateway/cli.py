@@ -86,6 +86,10 @@ def serve(
     metrics_port: Annotated[int | None, typer.Option(
         help="Also serve /metrics on this port, as Triton's --metrics-port (8002); "
              "/metrics stays on --port.", min=1, max=65535)] = None,
+    summary_latencies: Annotated[bool, typer.Option(
+        help="Triton's latency summaries in /metrics (request, queue, compute; quantiles "
+             "over the last 60 s), as Triton's --metrics-config summary_latencies=true.")
+    ] = False,
 ) -> None:
     """Serve ONNX models over the Open Inference Protocol v2, batched with Triton's rules."""
     from servelab.api import load
@@ -114,7 +118,7 @@ def serve(
         tuple(models), feature_repo, feature_service, store, missing, log_dir, trace_file,
         trace_requests, drift_reference, drift_window, drift_interval, host, port,
         tuple(allow_host or ()), max_connections, header_timeout_s, body_timeout_s,
-        max_inflight_mb, metrics_port))
+        max_inflight_mb, metrics_port, summary_latencies))
 
     def say(line: str) -> None:
         stderr.print(line, highlight=False, markup=False)

@@ -60,6 +60,7 @@ class GatewaySpec:
     body_timeout_s: float = 30.0
     max_inflight_mb: float = 256.0
     metrics_port: int | None = None  # /metrics on a port of its own too, as Triton's 8002
+    summary_latencies: bool = False  # Triton's latency summaries in /metrics
 
     def check(self) -> None:
         if not self.models:
@@ -134,7 +135,7 @@ def build(spec: GatewaySpec) -> Gateway:
         from servelab.trace_file import TraceWriter
 
         trace = TraceWriter(spec.trace_file, limit=spec.trace_requests)
-    metrics = Metrics()
+    metrics = Metrics(summary_latencies=spec.summary_latencies)
     served = []
     for name, path, pol, dynamic, version, declared in spec.models:
         model = OnnxModel(path, name)
