@@ -294,3 +294,28 @@ def test_latency_summaries(tmp_path):
     assert seen["servelab"] == seen["triton"], seen
     _, after = seen["servelab"]
     assert all(typ == "summary" for typ, _ in after.values())
+
+
+def test_classification_labels_from_the_label_file(tmp_path):
+    """An output's label_filename: "score:index:label" where the file has a label at that
+    index, "score:index" where its line is empty or missing, on both servers."""
+    write_model(tmp_path / "repo", "m", "max_batch_size: 8 dynamic_batching { }")
+    for kind in ("onnx", "python"):
+        d = tmp_path / "repo" / kind / "m"
+        cfg = d / "config.pbtxt"
+        cfg.write_text(cfg.read_text().replace(
+            "dims: [ 4 ] }", 'dims: [ 4 ] label_filename: "labels.txt" }'))
+        (d / "labels.txt").write_text("cat\ndog\n\n")  # index 2 empty, 3 past the end
+    x = np.random.default_rng(6).normal(size=(4, 16)).astype(np.float32)
+    seen = {}
+    with both(tmp_path / "repo", tmp_path) as urls:
+        for server, (url, _) in urls.items():
+            c = httpclient.InferenceServerClient(url)
+            inp = httpclient.InferInput("x", [4, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            r = c.infer("m", [inp], outputs=[httpclient.InferRequestedOutput(
+                "y", binary_data=False, class_count=4)])
+            c.close()
+            seen[server] = [s.split(":", 1)[1] for s in r.as_numpy("y").reshape(-1)]
+    assert seen["servelab"] == seen["triton"], seen
+    assert {s for s in seen["servelab"] if s.count(":")} <= {"0:cat", "1:dog"}

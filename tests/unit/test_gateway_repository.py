@@ -122,3 +122,24 @@ def test_the_full_config_declares_what_the_model_has(tmp_path):
     assert [(d.kind, d.name, d.datatype, d.dims) for d in m.declared] == [
         ("input", "x", "FP32", (16,)), ("output", "y", "FP32", (4,))]
     check_declared(m.declared, OnnxModel(m.path, m.name), "fraud/config.pbtxt")
+
+
+@pytest.mark.parametrize(("label_file", "needle"), [
+    ("../secret.txt", "a file name in the model's folder"),
+    ("/etc/passwd", "a file name in the model's folder"),
+    ("nope.txt", "no "),
+])
+def test_a_label_file_is_a_file_beside_the_config(tmp_path, label_file, needle):
+    io = ('output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] label_filename: '
+          f'"{label_file}" }} ]')
+    with pytest.raises(InputError, match=re.escape(needle)) as e:
+        load_repository(repo(tmp_path, f"max_batch_size: 8 {io}"))
+    assert "\n" not in str(e.value)
+
+
+def test_label_file_lines_are_the_labels(tmp_path):
+    io = 'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "l.txt" } ]'
+    root = repo(tmp_path, f"max_batch_size: 8 {io}")
+    (root / "fraud" / "l.txt").write_text("a\n\nc\n")
+    [m] = load_repository(root)
+    assert m.labels == (("y", ("a", "", "c")),)

@@ -327,9 +327,11 @@ class ServedModel:
                  metrics: Metrics, join: FeatureJoin | None = None,
                  log: ServedLog | None = None, drift: DriftMonitor | None = None,
                  trace: TraceWriter | None = None, dynamic_batching: bool = True,
-                 version: str = "1") -> None:
+                 version: str = "1", labels: dict[str, tuple[str, ...]] | None = None
+                 ) -> None:
         self.model = model
         self.version = version
+        self.labels_of = labels or {}  # output -> its label file's lines
         self.policy = policy
         self.dynamic_batching = dynamic_batching
         self.instances = instances
@@ -790,7 +792,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             return fail("BACKEND", 500, f"inference failed: {cut(str(exc), 300)}")
         try:
             payload, header_len = build_response(name, sm.version, req, sm.model.outputs,
-                                                 values)
+                                                 values, sm.labels_of)
         except InputError as exc:  # an output the model does not have
             return fail("OTHER", 400, str(exc))
         done = time.monotonic_ns()

@@ -107,7 +107,7 @@ def serve(
     models = [ModelSpec(*_model_flag(m), policy) for m in model or []]
     if model_repository is not None:
         models += [ModelSpec(m.name, str(m.path), m.policy, m.dynamic_batching, m.version,
-                             m.declared)
+                             m.declared, m.labels)
                    for m in load_repository(model_repository)]
     if demo:
         feature_repo, feature_service, demo_model = build_demo(demo_dir)

@@ -213,23 +213,28 @@ def parse_request(body: bytes, header_length: str | None, model: str,
 MAX_CLASSES = 1 << 20  # a classification's top k, at most
 
 
-def top_classes(name: str, arr: np.ndarray, k: int) -> np.ndarray:
+def top_classes(name: str, arr: np.ndarray, k: int, labels: tuple[str, ...] = ()
+                ) -> np.ndarray:
     """Triton's classification extension: per row of a [batch, classes] output, the top
     k (at most the classes there are) as "score:index" byte strings, highest first, the
-    score printed as C's %f (Triton's std::to_string)."""
+    score printed as C's %f (Triton's std::to_string); "score:index:label" where the
+    output's label file has a non-empty line for that index."""
     if arr.ndim != 2:
         raise _bad(f"output {cut(name, 60)!r}: classification needs an output of shape "
                    f"[batch, classes], this one is {list(arr.shape)}; fix: ask for it "
                    "without parameters.classification")
     k = min(k, arr.shape[1])
     order = np.argsort(-arr.astype(np.float64), axis=1, kind="stable")[:, :k]
-    return np.array([[f"{float(row[i]):f}:{i}".encode() for i in idx]
+    tags = [f":{labels[i]}" if i < len(labels) and labels[i] else ""
+            for i in range(arr.shape[1])]
+    return np.array([[f"{float(row[i]):f}:{i}{tags[i]}".encode() for i in idx]
                      for row, idx in zip(arr, order, strict=True)], dtype=object
                     ).reshape(arr.shape[0], k)
 
 
 def build_response(model: str, version: str, req: InferRequest,
-                   outputs: tuple[TensorSpec, ...], values: dict[str, np.ndarray]
+                   outputs: tuple[TensorSpec, ...], values: dict[str, np.ndarray],
+                   labels: dict[str, tuple[str, ...]] | None = None
                    ) -> tuple[bytes, int | None]:
     """The response body and, when any tensor is binary, its JSON header's length."""
     wanted = req.outputs or tuple((t.name, req.binary_default, 0) for t in outputs)
@@ -241,15 +246,15 @@ def build_response(model: str, version: str, req: InferRequest,
             raise _bad(f"unexpected inference output {cut(name, 60)!r} for model {model!r}")
         arr = np.ascontiguousarray(values[name])
         if classes:
-            labels = top_classes(name, arr, classes)
+            top = top_classes(name, arr, classes, (labels or {}).get(name, ()))
             item: dict[str, Any] = {"name": name, "datatype": "BYTES",
-                                    "shape": list(labels.shape)}
+                                    "shape": list(top.shape)}
             if binary:
-                raw = b"".join(len(s).to_bytes(4, "little") + s for s in labels.reshape(-1))
+                raw = b"".join(len(s).to_bytes(4, "little") + s for s in top.reshape(-1))
                 item["parameters"] = {"binary_data_size": len(raw)}
                 blobs.append(raw)
             else:
-                item["data"] = [s.decode() for s in labels.reshape(-1)]
+                item["data"] = [s.decode() for s in top.reshape(-1)]
             out_json.append(item)
             continue
         item = {"name": name, "datatype": known[name].datatype, "shape": list(arr.shape)}

@@ -26,6 +26,7 @@ class RepoModel:
     dynamic_batching: bool = True  # False: no dynamic_batching block, each request alone
     version: str = "1"  # the version folder served
     declared: tuple[Declared, ...] = ()  # the config's inputs and outputs, if it has them
+    labels: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (output, its label file's lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class Declared:
 HONOURED = frozenset({
     "name", "platform", "backend", "max_batch_size", "default_model_filename",
     "input", "input.name", "input.data_type", "input.dims",
-    "output", "output.name", "output.data_type", "output.dims",
+    "output", "output.name", "output.data_type", "output.dims", "output.label_filename",
     "version_policy", "version_policy.latest", "version_policy.latest.num_versions",
     "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
     "dynamic_batching", "dynamic_batching.preferred_batch_size",
@@ -97,6 +98,32 @@ def _check_fields(msg: Any, prefix: str, where: str) -> None:
         if field.message_type is not None:  # a message, or a repeated one
             for item in [value] if hasattr(value, "ListFields") else value:
                 _check_fields(item, path + ".", where)
+
+
+MAX_LABEL_BYTES = 16 * 1024 * 1024
+
+
+def read_labels(cfg: Any, folder: Path, where: str
+                ) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each output's label file (`label_filename`, a file in the model's folder, as
+    Triton reads it): its lines, the label of the class at that index ("" for none)."""
+    out = []
+    for t in cfg.output:
+        if not t.label_filename:
+            continue
+        name = t.label_filename
+        if "/" in name or "\\" in name or name in (".", ".."):
+            raise InputError(f"{where}: output {t.name!r} label_filename {cut(name, 80)!r}: "
+                             "expected a file name in the model's folder; fix: put the "
+                             "labels beside config.pbtxt and name the file alone")
+        path = folder / name
+        if not path.is_file():
+            raise InputError(f"{where}: output {t.name!r} label_filename: no "
+                             f"{cut(str(path))}; fix: write one label a line there")
+        text = read_text(path, "label_filename", max_bytes=MAX_LABEL_BYTES,
+                         what="label file")
+        out.append((t.name, tuple(text.splitlines())))
+    return tuple(out)
 
 
 def declared_io(cfg: Any) -> tuple[Declared, ...]:
@@ -214,7 +241,7 @@ def load_repository(root: str | Path) -> list[RepoModel]:
         policy, instances = policy_from_config(cfg, where)
         models.append(RepoModel(cfg.name or d.name, onnx_path, policy, instances,
                                 cfg.HasField("dynamic_batching"), str(versions[-1][0]),
-                                declared_io(cfg)))
+                                declared_io(cfg), read_labels(cfg, d, where)))
     if not models:
         raise InputError(f"--model-repository = {cut(str(root))!r}: no model with a "
                          "config.pbtxt; fix: DIR/<model>/config.pbtxt and DIR/<model>/1/"

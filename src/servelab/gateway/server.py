@@ -35,6 +35,7 @@ class ModelSpec(NamedTuple):
     dynamic_batching: bool = True
     version: str = "1"
     declared: tuple[Declared, ...] = ()  # its config.pbtxt's inputs and outputs, if any
+    labels: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (output, its label file's lines)
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def build(spec: GatewaySpec) -> Gateway:
         trace = TraceWriter(spec.trace_file, limit=spec.trace_requests)
     metrics = Metrics(summary_latencies=spec.summary_latencies)
     served = []
-    for name, path, pol, dynamic, version, declared in spec.models:
+    for name, path, pol, dynamic, version, declared, labels in spec.models:
         model = OnnxModel(path, name)
         check_declared(declared, model, f"model {name!r} config.pbtxt")
         monitor = None
@@ -149,7 +150,8 @@ def build(spec: GatewaySpec) -> Gateway:
         log = ServedLog(spec.log_dir, name) if spec.log_dir else None
         served.append(ServedModel(model, pol, pol.instances_per_gpu, metrics,
                                   join=join, log=log, drift=monitor, trace=trace,
-                                  dynamic_batching=dynamic, version=version))
+                                  dynamic_batching=dynamic, version=version,
+                                  labels=dict(labels)))
     app = create_gateway(served, allowed_hosts=allowed_hosts(spec.host, list(spec.allow_host)),
                          metrics=metrics, body_timeout_s=spec.body_timeout_s,
                          max_inflight_bytes=int(spec.max_inflight_mb * 1024 * 1024))
@@ -174,7 +176,7 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         check_can_listen(spec.host, spec.metrics_port)
         _serve_metrics(gw, limits, spec.metrics_port)
         say(f"metrics on http://{spec.host}:{spec.metrics_port}/metrics")
-    for name, _, pol, dynamic, _, _ in spec.models:
+    for name, _, pol, dynamic, _, _, _ in spec.models:
         batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us" if dynamic
                     else "no dynamic batching (each request alone)")
         say(f"  {name}: max_batch_size {pol.max_batch_size}, {batching}, "
