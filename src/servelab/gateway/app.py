@@ -18,7 +18,7 @@ import threading
 import time
 import zlib
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +35,6 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -172,13 +170,13 @@ FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
 _GAUGES = {"nv_inference_pending_request_count"}
 
 
-class _TritonCollector(Collector):
-    """Triton's counters under Triton's exact names, types and labels.
+class _TritonMetrics:
+    """Triton's counters (and summaries) under Triton's exact names, types and labels.
 
     prometheus_client names a counter family "<name>_total" in its HELP and TYPE lines;
     Triton's (prometheus-cpp) has no suffix, and its dashboards query the bare names. So
-    these families are written by `exposition` below, typed as Triton types them
-    (counters, one gauge), and the collector yields nothing to prometheus_client.
+    these families are kept here and written by `exposition`, typed as Triton types them
+    (counters, one gauge, summaries), beside prometheus_client's own registry.
     """
 
     def __init__(self) -> None:
@@ -223,8 +221,7 @@ class _TritonCollector(Collector):
                       f"# TYPE {name} {'gauge' if name in _GAUGES else 'counter'}"]
             for (n, labels), v in items:
                 if n == name:
-                    text = ",".join(f'{k}="{_escape(val)}"' for k, val in labels)
-                    lines.append(f"{name}{{{text}}} {_number(v)}")
+                    lines.append(f"{name}{{{_labels_text(labels)}}} {_number(v)}")
         if self.summaries is not None:
             lines += self._summary_lines()
         return ("\n".join(lines) + "\n").encode()
@@ -242,7 +239,7 @@ class _TritonCollector(Collector):
             for (n, labels), count, total, qs in items:
                 if n != name:
                     continue
-                text = ",".join(f'{k}="{_escape(val)}"' for k, val in labels)
+                text = _labels_text(labels)
                 lines += [f"{name}_count{{{text}}} {count}",
                           f"{name}_sum{{{text}}} {_number(total)}"]
                 lines += [f'{name}{{{text},quantile="{q:g}"}} {_number(v)}'
@@ -257,8 +254,6 @@ class _TritonCollector(Collector):
         with self.lock:
             self.values[(name, tuple(sorted(labels.items())))] = value
 
-    def collect(self) -> Iterator[Metric]:
-        return iter(())
 
 
 def _number(v: float) -> str:
@@ -267,6 +262,11 @@ def _number(v: float) -> str:
     if math.isnan(v):
         return "NaN"
     return str(int(v)) if v.is_integer() else repr(v)
+
+
+def _labels_text(labels: tuple[tuple[str, str], ...]) -> str:
+    """Labels as the text format writes them inside the braces (values escaped)."""
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
 
 
 def _escape(value: str) -> str:
@@ -280,10 +280,9 @@ class Metrics:
 
     def __init__(self, summary_latencies: bool = False) -> None:
         self.registry = CollectorRegistry()
-        self.triton = _TritonCollector()
+        self.triton = _TritonMetrics()  # exposed by its own `exposition`
         if summary_latencies:
             self.triton.enable_summaries()
-        self.registry.register(self.triton)
         r, labels = self.registry, ["model", "version"]
         self.request_s = Histogram("servelab_request_duration_seconds",
                                    "Request duration in the gateway (s)", labels,
@@ -327,11 +326,11 @@ class ServedModel:
                  metrics: Metrics, join: FeatureJoin | None = None,
                  log: ServedLog | None = None, drift: DriftMonitor | None = None,
                  trace: TraceWriter | None = None, dynamic_batching: bool = True,
-                 version: str = "1", labels: dict[str, tuple[str, ...]] | None = None
+                 version: str = "1", class_labels: dict[str, tuple[str, ...]] | None = None
                  ) -> None:
         self.model = model
         self.version = version
-        self.labels_of = labels or {}  # output -> its label file's lines
+        self.class_labels = class_labels or {}  # output -> its label file's lines
         self.policy = policy
         self.dynamic_batching = dynamic_batching
         self.instances = instances
@@ -636,8 +635,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         return json_response({"name": "servelab", "version": "0.1.0",
                       "extensions": ["binary_tensor_data", "statistics", "model_repository"]})
 
-    def metadata(name: str) -> Response:
-        sm = served(name)
+    def metadata(sm: ServedModel) -> Response:
         m = sm.model
         return json_response({"name": m.name, "versions": [sm.version],
                               "platform": "onnxruntime_onnx",
@@ -654,11 +652,11 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.get("/v2/models/{name}")
     async def model_metadata(name: str) -> Response:
-        return metadata(name)
+        return metadata(served(name))
 
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_version_metadata(name: str, version: str) -> Response:
-        return metadata(served_version(name, version).model.name)
+        return metadata(served_version(name, version))
 
     @app.get("/v2/models/{name}/ready")
     async def model_ready(name: str) -> Response:
@@ -792,7 +790,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
             return fail("BACKEND", 500, f"inference failed: {cut(str(exc), 300)}")
         try:
             payload, header_len = build_response(name, sm.version, req, sm.model.outputs,
-                                                 values, sm.labels_of)
+                                                 values, sm.class_labels)
         except InputError as exc:  # an output the model does not have
             return fail("OTHER", 400, str(exc))
         done = time.monotonic_ns()

@@ -10,11 +10,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from servelab.errors import InputError, cut
 from servelab.gateway.repository import Declared, check_declared
 from servelab.scenario import BatchingPolicy
+
+if TYPE_CHECKING:
+    from servelab.http import ConnectionLimits
 
 # The instance and batcher threads need the GIL back the moment their wait or the
 # model's run ends; Python's default 5 ms switch interval would let a busy event loop
@@ -138,9 +141,10 @@ def build(spec: GatewaySpec) -> Gateway:
         trace = TraceWriter(spec.trace_file, limit=spec.trace_requests)
     metrics = Metrics(summary_latencies=spec.summary_latencies)
     served = []
-    for name, path, pol, dynamic, version, declared, labels in spec.models:
-        model = OnnxModel(path, name)
-        check_declared(declared, model, f"model {name!r} config.pbtxt")
+    for ms in spec.models:
+        name, pol = ms.name, ms.policy
+        model = OnnxModel(ms.path, name)
+        check_declared(ms.declared, model, f"model {name!r} config.pbtxt")
         monitor = None
         if reference is not None and join is not None:
             from servelab.gateway.drift_monitor import DriftMonitor
@@ -150,8 +154,8 @@ def build(spec: GatewaySpec) -> Gateway:
         log = ServedLog(spec.log_dir, name) if spec.log_dir else None
         served.append(ServedModel(model, pol, pol.instances_per_gpu, metrics,
                                   join=join, log=log, drift=monitor, trace=trace,
-                                  dynamic_batching=dynamic, version=version,
-                                  labels=dict(labels)))
+                                  dynamic_batching=ms.dynamic_batching, version=ms.version,
+                                  class_labels=dict(ms.labels)))
     app = create_gateway(served, allowed_hosts=allowed_hosts(spec.host, list(spec.allow_host)),
                          metrics=metrics, body_timeout_s=spec.body_timeout_s,
                          max_inflight_bytes=int(spec.max_inflight_mb * 1024 * 1024))
@@ -176,10 +180,11 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         check_can_listen(spec.host, spec.metrics_port)
         _serve_metrics(gw, limits, spec.metrics_port)
         say(f"metrics on http://{spec.host}:{spec.metrics_port}/metrics")
-    for name, _, pol, dynamic, _, _, _ in spec.models:
-        batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us" if dynamic
-                    else "no dynamic batching (each request alone)")
-        say(f"  {name}: max_batch_size {pol.max_batch_size}, {batching}, "
+    for ms in spec.models:
+        pol = ms.policy
+        batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us"
+                    if ms.dynamic_batching else "no dynamic batching (each request alone)")
+        say(f"  {ms.name}: max_batch_size {pol.max_batch_size}, {batching}, "
             f"{pol.instances_per_gpu} instance(s)")
     say(f"servelab serve on http://{spec.host}:{spec.port} (Ctrl+C to stop)")
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler that was
@@ -201,7 +206,7 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         sys.stderr.flush()
 
 
-def _serve_metrics(gw: Gateway, limits: Any, port: int) -> None:
+def _serve_metrics(gw: Gateway, limits: ConnectionLimits, port: int) -> None:
     """/metrics on --metrics-port, from a daemon thread with its own event loop (uvicorn
     takes no signals outside the main thread: the process's exit ends it)."""
     import threading
