@@ -3,9 +3,11 @@ with Triton's status codes, never a 500; good bodies answer the model's numbers.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -263,3 +265,22 @@ def test_latency_summaries_are_bounded_and_their_quantiles_exact_over_the_window
     got = _quantiles(fresh.window(now=100.0))  # samples older than 60 s are gone
     assert got == pytest.approx(np.quantile(values[40:100], [0.5, 0.9, 0.95, 0.99, 0.999]))
     assert all(np.isnan(_quantiles(fresh.window(now=1e6))))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.binary(max_size=4096),
+                 st.binary(max_size=20_000).map(gzip.compress),
+                 st.binary(max_size=20_000).map(zlib.compress)),
+       st.sampled_from(["gzip", "deflate", "br", "x-gzip", ""]), st.integers(1, 16_384))
+def test_any_compressed_body_inflates_within_its_limit_or_is_one_clear_error(body, enc, limit):
+    from servelab.gateway.app import decompressed
+
+    try:
+        out: bytes | str = decompressed(body, enc, limit)
+    except InputError as exc:
+        out = str(exc)
+    if isinstance(out, str):  # the error: one line with its fix
+        assert "\n" not in out
+        assert "fix:" in out
+    else:
+        assert len(out) <= limit
