@@ -19,7 +19,12 @@ one in .bench-venv-pytriton (`pip install nvidia-pytriton onnxruntime`), unless
 --pytriton-python names a Python that has them.
 
     python bench/bench_serve_vs_triton.py [--rates 500,1000,1500,2000,3000] [--seconds 6]
-                                          [--server pytriton|tritonserver]
+                                          [--server pytriton|tritonserver] [--grpc]
+
+`--grpc` (with `--server tritonserver`) sends the same load over the KServe v2 gRPC
+service instead (servelab serve --grpc-port against tritonserver's gRPC port): one
+grpc.aio channel, each request a ModelInfer call sent at its intended time, latency
+from that time.
 """
 
 from __future__ import annotations
@@ -137,16 +142,71 @@ def run(port: int, rates: list[float], seconds: float, metrics_url: str,
     return rows
 
 
+def run_grpc(addr: str, rates: list[float], seconds: float, metrics_url: str,
+             model: str, tensor: tuple[str, int]) -> list[dict[str, float]]:
+    """As `run`, over gRPC: ModelInfer calls on one channel, each sent at its intended
+    time from a Poisson schedule; latency from that time."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    rng = np.random.default_rng(3)
+    reqs = []
+    for _ in range(512):
+        r = service_pb2.ModelInferRequest(model_name=model)
+        r.inputs.add(name=tensor[0], datatype="FP32", shape=[1, tensor[1]])
+        r.raw_input_contents.append(rng.uniform(0, 20, tensor[1]).astype(np.float32).tobytes())
+        reqs.append(r)
+
+    async def load(rate: float, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        offsets = poisson_offsets(rate, n, seed=7)
+        lat = np.full(n, np.nan)
+        errors = 0
+        async with grpc.aio.insecure_channel(addr) as ch:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time() + 0.05
+
+            async def one(i: int) -> None:
+                nonlocal errors
+                intended = t0 + offsets[i]
+                await asyncio.sleep(max(0.0, intended - loop.time()))
+                try:
+                    await stub.ModelInfer(reqs[i % len(reqs)], timeout=30)
+                    lat[i] = loop.time() - intended
+                except grpc.aio.AioRpcError:
+                    errors += 1
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+            span = loop.time() - t0
+        return lat, np.array([span]), errors
+
+    asyncio.run(load(200, 400))  # warm-up
+    rows = []
+    for rate in rates:
+        i0, e0 = stats(metrics_url, model)
+        lat, span, errors = asyncio.run(load(rate, int(rate * seconds)))
+        i1, e1 = stats(metrics_url, model)
+        ok = lat[~np.isnan(lat)] * 1e3
+        rows.append({"offered": rate, "achieved": ok.size / float(span[0]), "errors": errors,
+                     "batch": (i1 - i0) / max(e1 - e0, 1),
+                     "p50": float(np.percentile(ok, 50)) if ok.size else float("nan"),
+                     "p99": float(np.percentile(ok, 99)) if ok.size else float("nan")})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rates", default="500,1000,1500,2000,3000")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pytriton-python", default=None)
     ap.add_argument("--server", choices=("pytriton", "tritonserver"), default="pytriton")
+    ap.add_argument("--grpc", action="store_true",
+                    help="with --server tritonserver: the load over gRPC")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     if args.server == "tritonserver":
-        report(against_tritonserver(rates, args.seconds), "tritonserver")
+        report(against_tritonserver(rates, args.seconds, args.grpc),
+               "tritonserver" + (" (gRPC)" if args.grpc else ""))
         return
     work = Path(tempfile.mkdtemp(prefix="servelab-vs-triton-"))
     _, _, model = build_demo(work / "repo")
@@ -172,22 +232,30 @@ def main() -> None:
     report(results, "Triton (PyTriton)")
 
 
-def against_tritonserver(rates: list[float], seconds: float) -> dict[str, list[dict[str, float]]]:
-    """The MLP on both: servelab on the ONNX file, tritonserver on its Python backend."""
+def against_tritonserver(rates: list[float], seconds: float, grpc: bool = False
+                         ) -> dict[str, list[dict[str, float]]]:
+    """The MLP on both: servelab on the ONNX file, tritonserver on its Python backend;
+    over HTTP, or with `grpc` over each server's gRPC port."""
     from tests.tritonserver import tritonserver, write_model
 
     work = Path(tempfile.mkdtemp(prefix="servelab-vs-tritonserver-"))
     write_model(work / "repo", "mlp", "max_batch_size: 32 dynamic_batching { "
                 "max_queue_delay_microseconds: 2000 }")
     results = {}
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     with started([sys.executable, "-m", "servelab", "serve", "--model-repository",
-                  str(work / "repo" / "onnx"), "--port", str(port)], port):
-        results["servelab"] = run(port, rates, seconds, f"http://127.0.0.1:{port}/metrics",
-                                  "mlp", ("x", 16))
-    with tritonserver(work / "repo" / "python", work) as (http, metrics):
-        results["triton"] = run(int(http.rsplit(":", 1)[1]), rates, seconds,
-                                f"http://{metrics}/metrics", "mlp", ("x", 16))
+                  str(work / "repo" / "onnx"), "--port", str(port), "--grpc-port",
+                  str(grpc_port)], port):
+        results["servelab"] = (
+            run_grpc(f"127.0.0.1:{grpc_port}", rates, seconds,
+                     f"http://127.0.0.1:{port}/metrics", "mlp", ("x", 16)) if grpc else
+            run(port, rates, seconds, f"http://127.0.0.1:{port}/metrics", "mlp", ("x", 16)))
+    with tritonserver(work / "repo" / "python", work) as (http, metrics, grpc_addr):
+        results["triton"] = (
+            run_grpc(grpc_addr, rates, seconds, f"http://{metrics}/metrics", "mlp",
+                     ("x", 16)) if grpc else
+            run(int(http.rsplit(":", 1)[1]), rates, seconds, f"http://{metrics}/metrics",
+                "mlp", ("x", 16)))
     return results
 
 

@@ -75,9 +75,9 @@ def write_model(repo: Path, name: str, config: str, version: int = 1) -> None:
 
 
 @contextlib.contextmanager
-def tritonserver(repo: Path, work: Path, *args: str) -> Iterator[tuple[str, str]]:
+def tritonserver(repo: Path, work: Path, *args: str) -> Iterator[tuple[str, str, str]]:
     """tritonserver on `repo` (HTTP, gRPC and metrics on free loopback ports), laid out
-    in `work`; yields its HTTP and metrics addresses, host:port."""
+    in `work`; yields its HTTP, metrics and gRPC addresses, host:port."""
     py = pytriton_python()
     assert py is not None, "no .venv-pytriton: bash scripts/test.sh builds it"
     site = Path(subprocess.run([py, "-c", "import pytriton, pathlib; print(pathlib.Path("
@@ -105,4 +105,35 @@ def tritonserver(repo: Path, work: Path, *args: str) -> Iterator[tuple[str, str]
            "--log-error", "true", "--exit-timeout-secs", "2", *args]
     with server_process(cmd, f"http://127.0.0.1:{http}/v2/health/ready", timeout_s=120,
                         env=env):
-        yield f"127.0.0.1:{http}", f"127.0.0.1:{metrics}"
+        yield f"127.0.0.1:{http}", f"127.0.0.1:{metrics}", f"127.0.0.1:{grpc}"
+
+
+SLEEP_PY = '''
+import os
+import sys
+import time
+
+sys.path.insert(0, os.environ["SERVELAB_TRITON_SITE"])  # (as MODEL_PY)
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(SLEEP_S)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
+'''
+
+
+def write_sleep_model(repo: Path, name: str, sleep_ms: float, config: str) -> None:
+    """A Python-backend model whose every execution sleeps `sleep_ms` and echoes its
+    4-float input: a server of known, steady service time for queueing tests. `config`
+    is the config.pbtxt's text after its name, backend, inputs and outputs."""
+    d = repo / name
+    (d / "1").mkdir(parents=True, exist_ok=True)
+    (d / "1" / "model.py").write_text(SLEEP_PY.replace("SLEEP_S", repr(sleep_ms / 1000)))
+    (d / "config.pbtxt").write_text(
+        f'name: "{name}" backend: "python" '
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ] '
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ] '
+        f'instance_group [ {{ count: 1 kind: KIND_CPU }} ] {config}')

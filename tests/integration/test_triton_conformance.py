@@ -10,7 +10,7 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -31,17 +31,18 @@ pytestmark = pytest.mark.skipif(pytriton_python() is None,
 
 @contextlib.contextmanager
 def both(repo: Path, work: Path, triton_args: tuple[str, ...] = (),
-         servelab_args: tuple[str, ...] = ()) -> Iterator[dict[str, tuple[str, str]]]:
+         servelab_args: tuple[str, ...] = ()) -> Iterator[dict[str, tuple[str, str, str]]]:
     """The gateway on repo/onnx and tritonserver on repo/python: {server: (HTTP address,
-    metrics address)}, each host:port (both with a metrics port of its own)."""
-    port, metrics_port = free_port(), free_port()
+    metrics address, gRPC address)}, each host:port (both with a metrics port and a gRPC
+    port of their own)."""
+    port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     with tritonserver(repo / "python", work, *triton_args) as triton, server_process(
             [sys.executable, "-m", "servelab", "serve", "--model-repository",
              str(repo / "onnx"), "--port", str(port), "--metrics-port", str(metrics_port),
-             *servelab_args],
+             "--grpc-port", str(grpc_port), *servelab_args],
             f"http://127.0.0.1:{port}/v2/health/ready"):
-        yield {"servelab": (f"127.0.0.1:{port}", f"127.0.0.1:{metrics_port}"),
-               "triton": triton}
+        yield {"servelab": (f"127.0.0.1:{port}", f"127.0.0.1:{metrics_port}",
+                            f"127.0.0.1:{grpc_port}"), "triton": triton}
 
 
 def burst(url: str, model: str, x: np.ndarray, n: int) -> None:
@@ -80,7 +81,7 @@ def test_batches_counted_in_rows_and_no_batching_without_dynamic_batching(tmp_pa
     x = np.random.default_rng(3).normal(size=(4, 16)).astype(np.float32)
     seen = {}
     with both(tmp_path / "repo", tmp_path) as urls:
-        for server, (url, _) in urls.items():
+        for server, (url, _, _) in urls.items():
             c = httpclient.InferenceServerClient(url)
             assert "dynamic_batching" not in c.get_model_config("alone"), server
             c.close()
@@ -116,7 +117,7 @@ def test_versions_status_codes_failure_accounting_and_metrics(tmp_path):
              ("POST", "/v2/models/nope/infer", x)]
     seen: dict[str, list] = {}
     with both(tmp_path / "repo", tmp_path) as urls:
-        for server, (url, metrics_url) in urls.items():
+        for server, (url, metrics_url, _) in urls.items():
             before = families(httpx.get(f"http://{metrics_url}/metrics").text)
             got = []
             for method, path, body in cases:
@@ -137,6 +138,61 @@ def test_versions_status_codes_failure_accounting_and_metrics(tmp_path):
     assert theirs.keys() >= TRITON_FAMILIES, sorted(theirs)
     for name in TRITON_FAMILIES:
         assert ours.get(name) == theirs[name], (name, ours.get(name), theirs[name])
+
+
+def test_version_policies_serve_the_versions_triton_serves(tmp_path):
+    """Versions 1, 2 and 3 of a model under each version_policy (all, latest 2,
+    specific [1, 2], the default): which versions each path serves, reports and counts,
+    over HTTP and gRPC, the same on both servers."""
+    policies = {"all": "version_policy: { all { } }",
+                "two": "version_policy: { latest { num_versions: 2 } }",
+                "spec": "version_policy: { specific { versions: [1, 2] } }", "dflt": ""}
+    for name, policy in policies.items():
+        for v in (1, 2, 3):
+            write_model(tmp_path / "repo", name, f"{policy} max_batch_size: 8 "
+                        "dynamic_batching { }", version=v)
+    x = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
+                                "data": [0.5] * 16}]})
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    seen: dict[str, list] = {}
+    with both(tmp_path / "repo", tmp_path) as urls:
+        for server, (url, metrics_url, grpc_url) in urls.items():
+            got: list[object] = [versions_in(httpx.post(f"http://{url}/v2/repository/index"
+                                                        ).json())]
+            g = grpcclient.InferenceServerClient(grpc_url)
+            for path in ("/v2/repository/models/all/load", "/v2/repository/models/all/unload",
+                         "/v2/repository/models/nope/load"):  # the model control mode NONE
+                got.append((path, httpx.post(f"http://{url}{path}").status_code))
+            got.append(grpc_outcome(lambda g=g: g.load_model("all")))
+            got.append(grpc_outcome(lambda g=g: g.unload_model("all")))
+            for name in policies:
+                for path in ("", "/versions/1", "/versions/2", "/versions/3"):
+                    r = httpx.get(f"http://{url}/v2/models/{name}{path}")
+                    got.append((path, r.status_code, versions_in(r.json())))
+                    r = httpx.get(f"http://{url}/v2/models/{name}{path}/ready")
+                    got.append((path, "ready", r.status_code))
+                    r = httpx.post(f"http://{url}/v2/models/{name}{path}/infer", content=x)
+                    got.append((path, "infer", r.status_code,
+                                r.json().get("model_version")))
+                    v = path.rsplit("/", 1)[-1]
+                    got.append((path, "grpc", g.is_model_ready(name, v),
+                                grpc_outcome(lambda name=name, v=v, g=g: g.get_model_metadata(
+                                    name, v, as_json=True)["versions"])))
+                cf = httpx.get(f"http://{url}/v2/models/{name}/config").json()
+                got.append(cf["version_policy"])
+                st = httpx.get(f"http://{url}/v2/models/{name}/stats").json()["model_stats"]
+                got.append(sorted((s["version"], s["inference_stats"]["success"]["count"])
+                                  for s in st))
+            g.close()
+            success = families(httpx.get(f"http://{metrics_url}/metrics").text)[
+                "nv_inference_request_success"]
+            got.append(success)
+            seen[server] = got
+    ours, theirs = seen["servelab"], seen["triton"]
+    for a, b in zip(ours, theirs, strict=True):
+        assert a == b, (a, b)
+    assert [m["version"] for m in ours[0] if m["name"] == "all"] == ["1", "2", "3"]
+    assert [m["version"] for m in ours[0] if m["name"] == "dflt"] == ["3"]
 
 
 # The families both servers have on CPU (Triton's summaries, cache and CPU/GPU gauges are
@@ -187,7 +243,7 @@ def test_compressed_bodies_and_answers(tmp_path):
     raw_cases = [("br", body), ("gzip", b"not gzip at all"), ("deflate", gzip.compress(body))]
     seen: dict[str, list[int]] = {}
     with both(tmp_path / "repo", tmp_path) as urls:
-        for server, (url, _) in urls.items():
+        for server, (url, _, _) in urls.items():
             c = httpclient.InferenceServerClient(url)
             inp = httpclient.InferInput("x", [3, 16], "FP32")
             inp.set_data_from_numpy(x, binary_data=True)
@@ -226,7 +282,7 @@ def test_classification_extension(tmp_path):
     x = np.random.default_rng(5).normal(size=(3, 16)).astype(np.float32)
     seen: dict[str, list] = {}
     with both(tmp_path / "repo", tmp_path) as urls:
-        for server, (url, _) in urls.items():
+        for server, (url, _, _) in urls.items():
             c = httpclient.InferenceServerClient(url)
             inp = httpclient.InferInput("x", [3, 16], "FP32")
             inp.set_data_from_numpy(x)
@@ -273,7 +329,7 @@ def test_latency_summaries(tmp_path):
     seen = {}
     with both(tmp_path / "repo", tmp_path, ("--metrics-config", "summary_latencies=true"),
               ("--summary-latencies",)) as urls:
-        for server, (url, metrics_url) in urls.items():
+        for server, (url, metrics_url, _) in urls.items():
             def summaries() -> dict[str, object]:
                 fams = {f.name: f for f in text_string_to_metric_families(
                     httpx.get(f"http://{metrics_url}/metrics").text)}  # noqa: B023
@@ -309,7 +365,7 @@ def test_classification_labels_from_the_label_file(tmp_path):
     x = np.random.default_rng(6).normal(size=(4, 16)).astype(np.float32)
     seen = {}
     with both(tmp_path / "repo", tmp_path) as urls:
-        for server, (url, _) in urls.items():
+        for server, (url, _, _) in urls.items():
             c = httpclient.InferenceServerClient(url)
             inp = httpclient.InferInput("x", [4, 16], "FP32")
             inp.set_data_from_numpy(x)
@@ -319,3 +375,118 @@ def test_classification_labels_from_the_label_file(tmp_path):
             seen[server] = [s.split(":", 1)[1] for s in r.as_numpy("y").reshape(-1)]
     assert seen["servelab"] == seen["triton"], seen
     assert {s for s in seen["servelab"] if s.count(":")} <= {"0:cat", "1:dog"}
+
+
+def grpc_outcome(call: Callable[[], object]) -> object:
+    """What a gRPC call answered: its value, or its status code's name (the wording of
+    the message differs between the servers, the code must not)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        return call()
+    except InferenceServerException as exc:
+        return str(exc.status())
+
+
+def grpc_cases(url: str, x: np.ndarray) -> list[object]:
+    """Every case of the gRPC test on the server at url: what each call answered."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    c = grpcclient.InferenceServerClient(url)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(c._channel)
+
+    def inp(shape: tuple[int, ...]) -> object:
+        i = grpcclient.InferInput("x", list(shape), "FP32")
+        i.set_data_from_numpy(np.ones(shape, np.float32) if shape != x.shape else x)
+        return i
+
+    def meta(version: str = "") -> object:
+        m = c.get_model_metadata("m", version, as_json=True)
+        return (m["name"], m["versions"], [(t["name"], t["datatype"], t["shape"])
+                                           for t in m["inputs"] + m["outputs"]])
+
+    def config() -> object:
+        cf = c.get_model_config("m", as_json=True)["config"]
+        return (cf["name"], cf["max_batch_size"],
+                [(t["name"], t["data_type"], t["dims"]) for t in cf["input"] + cf["output"]])
+
+    def infer(model: str = "m", version: str = "", shape: tuple[int, ...] = x.shape
+              ) -> object:
+        r = c.infer(model, [inp(shape)], model_version=version, request_id="r7")
+        resp = r.get_response(as_json=True)
+        return (resp["model_name"], resp["model_version"], resp["id"],
+                [(o["name"], o["datatype"], o["shape"]) for o in resp["outputs"]],
+                r.as_numpy("y"))
+
+    def classes() -> object:
+        out = grpcclient.InferRequestedOutput("y", class_count=2)
+        r = c.infer("m", [inp(x.shape)], outputs=[out])
+        return [[s.split(b":")[1] for s in row] for row in r.as_numpy("y")]
+
+    def typed(values: list[float]) -> object:
+        req = service_pb2.ModelInferRequest(model_name="m")
+        t = req.inputs.add(name="x", datatype="FP32", shape=[2, 16])
+        t.contents.fp32_contents.extend(values)
+        try:
+            r = stub.ModelInfer(req)
+        except Exception as exc:  # grpc.RpcError
+            return str(exc.code())
+        return np.frombuffer(r.raw_output_contents[0], np.float32).reshape(2, 4)
+
+    def stream() -> object:
+        answers: list[object] = []
+        c.start_stream(callback=lambda result, error: answers.append(
+            (result.as_numpy("y") if result is not None else None,
+             None if error is None else "error")))
+        for shape in (x.shape, x.shape, (2, 3), x.shape):
+            c.async_stream_infer("m", [inp(shape)])
+        c.stop_stream()
+        return answers
+
+    got = [grpc_outcome(f) for f in (
+        c.is_server_live, c.is_server_ready, lambda: c.is_model_ready("m"),
+        lambda: c.is_model_ready("m", "3"), lambda: c.is_model_ready("m", "1"),
+        lambda: c.is_model_ready("nope"), meta, lambda: meta("3"), lambda: meta("1"),
+        lambda: c.get_model_metadata("nope"), config, infer, lambda: infer(version="3"),
+        lambda: infer(version="1"), lambda: infer("nope"), lambda: infer(shape=(2, 3)),
+        lambda: infer(shape=(9, 16)), classes, lambda: typed(x.reshape(-1).tolist()),
+        lambda: typed([1.0] * 5), stream,
+        lambda: c.get_inference_statistics("m", "1", as_json=True),
+        lambda: [(m["name"], m["version"], m["state"]) for m in
+                 c.get_model_repository_index(as_json=True)["models"]])]
+    st = c.get_inference_statistics("m", as_json=True)["model_stats"][0]
+    got.append((st["version"], st["inference_stats"]["success"].get("count", 0),
+                st["inference_stats"]["fail"].get("count", 0)))
+    c.close()
+    return got
+
+
+def test_grpc_answers_as_tritons(tmp_path):
+    """Triton's gRPC service (tritonclient.grpc, and its raw stub for typed contents):
+    health, metadata, config, infer raw and typed, classification, streams (a failure
+    answered in the stream, which goes on), versions, status codes and statistics."""
+    write_model(tmp_path / "repo", "m", "max_batch_size: 8 dynamic_batching { }", version=3)
+    x = np.random.default_rng(9).normal(size=(2, 16)).astype(np.float32)
+    with both(tmp_path / "repo", tmp_path) as urls:
+        seen = {server: grpc_cases(grpc_url, x) for server, (_, _, grpc_url) in urls.items()}
+    ours, theirs = seen["servelab"], seen["triton"]
+    # live, ready, m ready, m v3 ready, m v1 not, nope not; 7 served (the stream's 3),
+    # none failed (refused requests are not failures, on either side)
+    assert ours[:6] == [True, True, True, True, False, False]
+    assert ours[-1] == ("3", "7", 0)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if isinstance(a, tuple) and a and isinstance(a[-1], np.ndarray):  # an inference
+            assert a[:-1] == b[:-1], (i, a, b)
+            np.testing.assert_allclose(a[-1], b[-1], rtol=1e-5, atol=1e-5)
+        elif isinstance(a, np.ndarray):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        elif i == 20:  # the stream: answers as they complete (in no promised order)
+            assert sorted(e is None for _, e in a) == sorted(e is None for _, e in b) == [
+                False, True, True, True], (a, b)
+            for (ya, _), (yb, _) in zip(a, b, strict=True):
+                if ya is not None and yb is not None:
+                    np.testing.assert_allclose(ya, yb, rtol=1e-5, atol=1e-5)
+        else:
+            assert a == b, (i, a, b)
+    np.testing.assert_allclose(ours[11][-1], mlp_reference(x), rtol=1e-5, atol=1e-5)

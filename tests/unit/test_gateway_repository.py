@@ -91,8 +91,10 @@ def test_missing_pieces_are_named(tmp_path):
     ('name: "other" max_batch_size: 8', "differs from its folder"),
     ("max_batch_size: 0", "max_batch_size 0"),
     ("max_batch_size: 8 instance_group [ { kind: KIND_GPU } ]", "KIND_GPU"),
-    ("max_batch_size: 8 version_policy { all { } }", "version_policy"),
-    ("max_batch_size: 8 version_policy { latest { num_versions: 2 } }", "version_policy"),
+    ("max_batch_size: 8 version_policy { latest { num_versions: 0 } }", "num_versions: 0"),
+    ("max_batch_size: 8 version_policy { specific { versions: [ 3, 5 ] } }",
+     "version(s) [5] with no folder"),
+    ("max_batch_size: 8 version_policy { specific { } }", "one or more version numbers"),
     ('max_batch_size: 8 input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] '
      'reshape { shape: [ 4, 4 ] } } ]', "input.reshape"),
 ])
@@ -143,3 +145,21 @@ def test_label_file_lines_are_the_labels(tmp_path):
     (root / "fraud" / "l.txt").write_text("a\n\nc\n")
     [m] = load_repository(root)
     assert m.labels == (("y", ("a", "", "c")),)
+
+
+@pytest.mark.parametrize(("policy", "served"), [
+    ("", ["7"]),  # Triton's default: the highest alone
+    ("version_policy { latest { num_versions: 2 } }", ["3", "7"]),
+    ("version_policy { latest { num_versions: 9 } }", ["1", "3", "7"]),
+    ("version_policy { all { } }", ["1", "3", "7"]),
+    ("version_policy { specific { versions: [ 1, 7 ] } }", ["1", "7"]),
+])
+def test_version_policy_picks_the_versions_triton_serves(tmp_path, policy, served):
+    d = tmp_path / "fraud"
+    for v in ("1", "3", "7", "x"):  # "x" is no version folder
+        (d / v).mkdir(parents=True)
+        write_mlp(d / v / "model.onnx")
+    (d / "config.pbtxt").write_text(f"max_batch_size: 8 {policy}")
+    models = load_repository(tmp_path)
+    assert [m.version for m in models] == served
+    assert {m.path.parent.name for m in models} == set(served)

@@ -21,7 +21,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -43,7 +43,12 @@ from servelab.gateway.batcher import AsyncBatcher
 from servelab.gateway.drift_monitor import DriftMonitor
 from servelab.gateway.join import FeatureJoin
 from servelab.gateway.log import ServedLog
-from servelab.gateway.protocol import build_response, max_request_bytes, parse_request
+from servelab.gateway.protocol import (
+    InferRequest,
+    build_response,
+    max_request_bytes,
+    parse_request,
+)
 from servelab.gateway.runner import OnnxModel, Timing
 from servelab.http import (
     LOOPBACK_HOSTS,
@@ -55,6 +60,8 @@ from servelab.http import (
 )
 from servelab.scenario import BatchingPolicy
 from servelab.trace_file import TraceWriter
+
+_T = TypeVar("_T")
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # Triton has no *_created
 OTHER_BODY_BYTES = 1024 * 1024  # any route but infer: none reads a body
@@ -326,10 +333,12 @@ class ServedModel:
                  metrics: Metrics, join: FeatureJoin | None = None,
                  log: ServedLog | None = None, drift: DriftMonitor | None = None,
                  trace: TraceWriter | None = None, dynamic_batching: bool = True,
-                 version: str = "1", class_labels: dict[str, tuple[str, ...]] | None = None
-                 ) -> None:
+                 version: str = "1", class_labels: dict[str, tuple[str, ...]] | None = None,
+                 version_policy: dict[str, Any] | None = None) -> None:
         self.model = model
         self.version = version
+        # as Triton's config reports it; its default serves the highest version alone
+        self.version_policy = version_policy or {"latest": {"num_versions": 1}}
         self.class_labels = class_labels or {}  # output -> its label file's lines
         self.policy = policy
         self.dynamic_batching = dynamic_batching
@@ -439,6 +448,15 @@ class ServedModel:
             m.triton.observe("nv_inference_compute_output_summary_us", lab,
                              timing.output_ns / 1e3, n)
 
+    def metadata_json(self, versions: list[str]) -> dict[str, Any]:
+        """The model's metadata in the v2 protocol's JSON form, listing `versions`."""
+        def tensors(ts: Any) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+                    for t in ts]
+
+        return {"name": self.model.name, "versions": versions, "platform": "onnxruntime_onnx",
+                "inputs": tensors(self.inputs), "outputs": tensors(self.model.outputs)}
+
     def config_json(self) -> dict[str, Any]:
         """The model's configuration in Triton's JSON form (GET .../config)."""
         p = self.policy
@@ -453,7 +471,8 @@ class ServedModel:
                           default_timeout_microseconds=p.default_timeout_microseconds)
         config: dict[str, Any] = {
             "name": self.model.name, "platform": "onnxruntime_onnx",
-            "backend": "onnxruntime", "max_batch_size": p.max_batch_size,
+            "backend": "onnxruntime", "version_policy": self.version_policy,
+            "max_batch_size": p.max_batch_size,
             "input": tensors(self.inputs), "output": tensors(self.model.outputs),
             "instance_group": [{"name": f"{self.model.name}_0", "count": self.instances,
                                 "kind": "KIND_CPU"}],
@@ -482,6 +501,56 @@ class ServedModel:
                 "last_inference": s.last_inference_ms,
                 "inference_count": counts[0], "execution_count": counts[1],
                 "inference_stats": inference, "batch_stats": batch_stats}
+
+
+class ModelVersions:
+    """The served versions of one model (each a ServedModel with its own batcher and
+    statistics, as Triton loads each version), by version; a request that names no
+    version goes to the highest, as Triton sends it."""
+
+    def __init__(self, versions: list[ServedModel]) -> None:
+        ordered = sorted(versions, key=lambda sm: (len(sm.version), sm.version))
+        self.by_version = {sm.version: sm for sm in ordered}
+        self.latest = ordered[-1]
+
+    def get(self, version: str | None) -> ServedModel | None:
+        """The model at `version` (None or "": the highest), or None if not served."""
+        return self.latest if not version else self.by_version.get(version)
+
+    @property
+    def versions(self) -> list[str]:
+        return list(self.by_version)
+
+    @property
+    def max_request_bytes(self) -> int:
+        return max(sm.max_request_bytes for sm in self.by_version.values())
+
+
+def every_version(models: dict[str, ModelVersions]) -> list[ServedModel]:
+    """Every served model version, model by model."""
+    return [sm for mv in models.values() for sm in mv.by_version.values()]
+
+
+def by_model(models: list[ServedModel]) -> dict[str, ModelVersions]:
+    """Served models grouped by name; one version given twice is refused."""
+    groups: dict[str, list[ServedModel]] = defaultdict(list)
+    for sm in models:
+        if any(o.version == sm.version for o in groups[sm.model.name]):
+            raise InputError(f"model {sm.model.name!r} version {sm.version} is given twice; "
+                             "fix: one path per model version")
+        groups[sm.model.name].append(sm)
+    return {name: ModelVersions(vs) for name, vs in groups.items()}
+
+
+# The protocol extensions served, named as Triton names them (load/unload answer as
+# Triton's default model control mode does).
+EXTENSIONS = ("classification", "model_repository", "model_configuration",
+              "binary_tensor_data", "statistics")
+# Triton's answer to load/unload when it serves the repository it started with (its
+# default model control mode), the gateway's always: it never loads a model later.
+MODEL_CONTROL_REFUSED = ("explicit model load / unload is not allowed: the gateway serves "
+                         "the models it started with (Triton's model control mode NONE); "
+                         "fix: restart servelab serve with the repository you want")
 
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
@@ -540,8 +609,69 @@ def compressed(payload: bytes, encoding: str) -> bytes:
     return c.compress(payload) + c.flush()
 
 
+def unknown_model(name: str) -> str:
+    return f"Request for unknown model: '{cut(name, 80)}' is not found"
+
+
 def unknown_version(name: str, version: str) -> str:
     return f"Request for unknown model: '{cut(name, 80)}' version {cut(version, 20)} is not found"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A request that reached the batcher and was not served: Triton's failure reason
+    (the nv_inference_request_failure label), the HTTP status (the gRPC side maps it to
+    a status code) and the message."""
+
+    reason: str
+    status: int
+    message: str
+
+
+def record_failure(sm: ServedModel, t0: int, reason: str, status: int, message: str
+                   ) -> Failure:
+    sm.metrics.inc("nv_inference_request_failure", {**sm.labels, "reason": reason})
+    sm.stats.fail.add(time.monotonic_ns() - t0)
+    return Failure(reason, status, message)
+
+
+async def run_request(sm: ServedModel, req: InferRequest, t0: int,
+                      build: Callable[[dict[str, np.ndarray]], _T]) -> _T | Failure:
+    """A parsed request through the batcher: `build(outputs)` (the front end's answer;
+    an InputError from it, such as an output the model lacks, is the request's failure)
+    or the Failure, each counted in the model's statistics and metrics as Triton counts
+    them. Both front ends (HTTP and gRPC) answer through here."""
+    fut = sm.batcher.submit(req.inputs, req.rows)
+    if fut is None:
+        return record_failure(sm, t0, "REJECTED", 503, "Exceeds maximum queue size")
+    try:
+        (values, _timing), queue_ns = await fut
+    except TimeoutError:
+        return record_failure(sm, t0, "REJECTED", 503, "Request timeout expired")
+    except InputError as exc:  # e.g. a feature missing under --missing reject
+        return record_failure(sm, t0, "OTHER", 400, str(exc))
+    except StoreError as exc:  # the online store is down: try again later
+        return record_failure(sm, t0, "BACKEND", 503, str(exc))
+    except Exception as exc:  # the model itself failed on this batch
+        return record_failure(sm, t0, "BACKEND", 500, f"inference failed: {cut(str(exc), 300)}")
+    try:
+        out = build(values)
+    except InputError as exc:  # an output the model does not have
+        return record_failure(sm, t0, "OTHER", 400, str(exc))
+    done = time.monotonic_ns()
+    metrics, lab = sm.metrics, sm.labels
+    sm.stats.success.add(done - t0)
+    sm.stats.queue.add(queue_ns)
+    sm.stats.last_inference_ms = int(time.time() * 1000)
+    metrics.inc("nv_inference_queue_duration_us", lab, queue_ns / 1e3)
+    metrics.inc("nv_inference_request_success", lab)
+    metrics.inc("nv_inference_request_duration_us", lab, (done - t0) / 1e3)
+    if metrics.triton.summaries is not None:
+        metrics.triton.observe("nv_inference_request_summary_us", lab, (done - t0) / 1e3)
+        metrics.triton.observe("nv_inference_queue_summary_us", lab, queue_ns / 1e3)
+    sm.queue_hist.observe(queue_ns / 1e9)
+    sm.request_hist.observe((done - t0) / 1e9)
+    return out
 
 
 class InferFastPath:
@@ -590,23 +720,22 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                    metrics: Metrics | None = None, body_timeout_s: float = 30.0,
                    max_inflight_bytes: int = 256 * 1024 * 1024) -> FastAPI:
     """The v2 app over loaded models."""
-    by_name = {m.model.name: m for m in models}
+    by_name = by_model(models)
     metrics = metrics or (models[0].metrics if models else Metrics())
     # One thread parses large bodies, one at a time: their parse holds the GIL anyway,
     # and one at a time bounds the memory their Python objects take.
     parse_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parse")
     app = FastAPI(title="servelab gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def served(name: str) -> ServedModel:
+    def served(name: str) -> ModelVersions:
         if name not in by_name:
-            raise StarletteHTTPException(404, f"Request for unknown model: '{cut(name, 80)}' "
-                                              "is not found")
+            raise StarletteHTTPException(404, unknown_model(name))
         return by_name[name]
 
     def served_version(name: str, version: str) -> ServedModel:
         """The model at a version it serves; Triton's 404 for one it does not."""
-        sm = served(name)
-        if version != sm.version:
+        sm = served(name).get(version)
+        if sm is None:
             raise StarletteHTTPException(404, unknown_version(name, version))
         return sm
 
@@ -633,30 +762,25 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
     @app.get("/v2")
     async def server_metadata() -> Response:
         return json_response({"name": "servelab", "version": "0.1.0",
-                      "extensions": ["binary_tensor_data", "statistics", "model_repository"]})
+                      "extensions": list(EXTENSIONS)})
 
-    def metadata(sm: ServedModel) -> Response:
-        m = sm.model
-        return json_response({"name": m.name, "versions": [sm.version],
-                              "platform": "onnxruntime_onnx",
-                      "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-                                 for t in sm.inputs],
-                      "outputs": [{"name": t.name, "datatype": t.datatype,
-                                   "shape": list(t.shape)} for t in m.outputs]})
+    def metadata(sm: ServedModel, versions: list[str]) -> Response:
+        return json_response(sm.metadata_json(versions))
 
     # Before the model routes, which would take "stats" for a model's name (as Triton's
     # own router, a model named "stats" has no metadata path).
     @app.get("/v2/models/stats")
     async def all_stats() -> Response:
-        return json_response({"model_stats": [m.stats_json() for m in by_name.values()]})
+        return json_response({"model_stats": [sm.stats_json() for sm in every_version(by_name)]})
 
     @app.get("/v2/models/{name}")
     async def model_metadata(name: str) -> Response:
-        return metadata(served(name))
+        mv = served(name)  # every version it serves, as Triton lists them
+        return metadata(mv.latest, mv.versions)
 
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_version_metadata(name: str, version: str) -> Response:
-        return metadata(served_version(name, version))
+        return metadata(served_version(name, version), [version])
 
     @app.get("/v2/models/{name}/ready")
     async def model_ready(name: str) -> Response:
@@ -665,29 +789,30 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_version_ready(name: str, version: str) -> Response:
-        if served(name).version != version:  # Triton: 400, so is_model_ready(m, v) False
+        if served(name).get(version) is None:  # Triton: 400, so is_model_ready(m, v) False
             return error_response("Model version not ready", 400)
         return Response(status_code=200)
 
     @app.get("/v2/models/{name}/config")
     async def model_config(name: str) -> Response:
-        return json_response(served(name).config_json())
+        return json_response(served(name).latest.config_json())
 
     @app.get("/v2/models/{name}/stats")
     async def model_stats(name: str) -> Response:
-        return json_response({"model_stats": [served(name).stats_json()]})
+        return json_response({"model_stats": [sm.stats_json()
+                                              for sm in served(name).by_version.values()]})
 
     @app.get("/v2/models/{name}/versions/{version}/stats")
     async def model_version_stats(name: str, version: str) -> Response:
-        sm = served(name)
-        if sm.version != version:
+        sm = served(name).get(version)
+        if sm is None:
             return error_response("requested model version is not available for model "
                                   f"'{cut(name, 80)}'", 400)
         return json_response({"model_stats": [sm.stats_json()]})
 
     @app.get("/v2/models/{name}/drift")
     async def model_drift(name: str) -> Response:
-        sm = served(name)
+        sm = served(name).latest
         if sm.drift is None:
             return error_response(f"model {cut(name, 80)!r} watches no drift; start "
                                   "servelab serve with --drift-reference", 404)
@@ -695,11 +820,16 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
 
     @app.post("/v2/repository/index")
     async def repository_index() -> Response:
-        return json_response([{"name": n, "version": m.version, "state": "READY"}
-                              for n, m in by_name.items()])
+        return json_response([{"name": n, "version": v, "state": "READY"}
+                              for n, mv in by_name.items() for v in mv.versions])
+
+    @app.post("/v2/repository/models/{name}/load")
+    @app.post("/v2/repository/models/{name}/unload")
+    async def repository_control(name: str) -> Response:
+        return error_response(MODEL_CONTROL_REFUSED, 503)
 
     def metrics_text() -> bytes:
-        for m in by_name.values():
+        for m in every_version(by_name):
             metrics.triton.set("nv_inference_pending_request_count", m.labels,
                                m.batcher.in_flight)
             if m.log is not None:
@@ -728,20 +858,13 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
                     ) -> tuple[int, bytes, str, str | None]:
         """One inference: (status, body, content type, Inference-Header-Content-Length).
         `encoding`: the body's Content-Encoding, if any."""
-        sm = by_name.get(name)
+        mv = by_name.get(name)
+        if mv is None:
+            return 404, error_body(unknown_model(name)), "application/json", None
+        sm = mv.get(version)
         if sm is None:
-            return (404, error_body(f"Request for unknown model: '{cut(name, 80)}' is not "
-                                     "found"), "application/json", None)
-        if version is not None and version != sm.version:
-            return 404, error_body(unknown_version(name, version)), "application/json", None
+            return 404, error_body(unknown_version(name, version or "")), "application/json", None
         t0 = time.monotonic_ns()
-        lab = sm.labels
-
-        def fail(reason: str, status: int, message: str) -> tuple[int, bytes, str, None]:
-            metrics.inc("nv_inference_request_failure", {**lab, "reason": reason})
-            sm.stats.fail.add(time.monotonic_ns() - t0)
-            return status, error_body(message), "application/json", None
-
         held = 0  # inflated bytes this request holds of the in-flight budget
         try:
             if encoding is not None:  # inflated and parsed on the parse thread
@@ -766,45 +889,19 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
         except InputError as exc:  # refused before it reached the model: as Triton, no
             return 400, error_body(str(exc)), "application/json", None  # failure counted
         try:
-            return await answer(sm, req, t0, fail)
+            return await answer(sm, req, t0)
         finally:
             inflated["bytes"] -= held
 
-    async def answer(sm: ServedModel, req: Any, t0: int,
-                     fail: Callable[[str, int, str], tuple[int, bytes, str, None]]
+    async def answer(sm: ServedModel, req: InferRequest, t0: int
                      ) -> tuple[int, bytes, str, str | None]:
-        """A parsed request through the batcher to its answer."""
-        name, lab = sm.model.name, sm.labels
-        fut = sm.batcher.submit(req.inputs, req.rows)
-        if fut is None:
-            return fail("REJECTED", 503, "Exceeds maximum queue size")
-        try:
-            (values, _timing), queue_ns = await fut
-        except TimeoutError:
-            return fail("REJECTED", 503, "Request timeout expired")
-        except InputError as exc:  # e.g. a feature missing under --missing reject
-            return fail("OTHER", 400, str(exc))
-        except StoreError as exc:  # the online store is down: try again later
-            return fail("BACKEND", 503, str(exc))
-        except Exception as exc:  # the model itself failed on this batch
-            return fail("BACKEND", 500, f"inference failed: {cut(str(exc), 300)}")
-        try:
-            payload, header_len = build_response(name, sm.version, req, sm.model.outputs,
-                                                 values, sm.class_labels)
-        except InputError as exc:  # an output the model does not have
-            return fail("OTHER", 400, str(exc))
-        done = time.monotonic_ns()
-        sm.stats.success.add(done - t0)
-        sm.stats.queue.add(queue_ns)
-        sm.stats.last_inference_ms = int(time.time() * 1000)
-        metrics.inc("nv_inference_queue_duration_us", lab, queue_ns / 1e3)
-        metrics.inc("nv_inference_request_success", lab)
-        metrics.inc("nv_inference_request_duration_us", lab, (done - t0) / 1e3)
-        if metrics.triton.summaries is not None:
-            metrics.triton.observe("nv_inference_request_summary_us", lab, (done - t0) / 1e3)
-            metrics.triton.observe("nv_inference_queue_summary_us", lab, queue_ns / 1e3)
-        sm.queue_hist.observe(queue_ns / 1e9)
-        sm.request_hist.observe((done - t0) / 1e9)
+        """A parsed request through the batcher to its HTTP answer."""
+        out = await run_request(sm, req, t0, functools.partial(
+            build_response, sm.model.name, sm.version, req, sm.model.outputs,
+            labels=sm.class_labels))
+        if isinstance(out, Failure):
+            return out.status, error_body(out.message), "application/json", None
+        payload, header_len = out
         if header_len is not None:
             return 200, payload, "application/octet-stream", str(header_len)
         return 200, payload, "application/json", None
@@ -830,8 +927,8 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
     # Host and body checks still run first (GuardMiddleware is outermost).
     def body_limit(scope: Scope) -> int | None:
         m = _INFER_PATH.match(scope["path"]) if scope["method"] == "POST" else None
-        sm = by_name.get(m.group(1)) if m is not None else None
-        return sm.max_request_bytes if sm is not None else None
+        mv = by_name.get(m.group(1)) if m is not None else None
+        return mv.max_request_bytes if mv is not None else None
 
     app.add_middleware(InferFastPath, infer=infer)
     app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts, max_body=OTHER_BODY_BYTES,

@@ -86,6 +86,9 @@ def serve(
     metrics_port: Annotated[int | None, typer.Option(
         help="Also serve /metrics on this port, as Triton's --metrics-port (8002); "
              "/metrics stays on --port.", min=1, max=65535)] = None,
+    grpc_port: Annotated[int | None, typer.Option(
+        help="Also serve the KServe v2 gRPC service on this port, as Triton's --grpc-port "
+             "(8001): tritonclient.grpc works unchanged.", min=1, max=65535)] = None,
     summary_latencies: Annotated[bool, typer.Option(
         help="Triton's latency summaries in /metrics (request, queue, compute; quantiles "
              "over the last 60 s), as Triton's --metrics-config summary_latencies=true.")
@@ -107,7 +110,7 @@ def serve(
     models = [ModelSpec(*_model_flag(m), policy) for m in model or []]
     if model_repository is not None:
         models += [ModelSpec(m.name, str(m.path), m.policy, m.dynamic_batching, m.version,
-                             m.declared, m.labels)
+                             m.declared, m.labels, m.version_policy)
                    for m in load_repository(model_repository)]
     if demo:
         feature_repo, feature_service, demo_model = build_demo(demo_dir)
@@ -118,7 +121,7 @@ def serve(
         tuple(models), feature_repo, feature_service, store, missing, log_dir, trace_file,
         trace_requests, drift_reference, drift_window, drift_interval, host, port,
         tuple(allow_host or ()), max_connections, header_timeout_s, body_timeout_s,
-        max_inflight_mb, metrics_port, summary_latencies))
+        max_inflight_mb, metrics_port, summary_latencies, grpc_port))
 
     def say(line: str) -> None:
         stderr.print(line, highlight=False, markup=False)

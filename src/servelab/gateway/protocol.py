@@ -112,6 +112,49 @@ def _json_tensor(data: Any, name: str, spec: TensorSpec, count: int) -> np.ndarr
     return arr
 
 
+def check_input(name: Any, datatype: Any, shape: Any, specs: dict[str, TensorSpec],
+                model: str) -> tuple[TensorSpec, int]:
+    """One input's name, datatype and shape held to the model's: its spec and element
+    count (the same checks for a JSON body and a gRPC message)."""
+    if name not in specs:
+        raise _bad(f"unexpected inference input {cut(str(name), 60)!r} for model "
+                   f"{model!r}; expected {', '.join(sorted(specs))}")
+    spec = specs[name]
+    if datatype != spec.datatype:
+        raise _bad(f"input {name!r}: datatype {cut(str(datatype), 20)!r}, "
+                   f"expected {spec.datatype}")
+    if not isinstance(shape, list) or not shape:
+        raise _bad(f"input {name!r}: shape must be a list of whole numbers")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise _bad(f"input {name!r}: shape must be a list of whole numbers")
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        raise _bad(f"input {name!r}: {count:,} elements; expected at most {MAX_ELEMENTS:,}")
+    if len(shape) != len(spec.shape) or any(
+            want not in (-1, got) for want, got in zip(spec.shape[1:], shape[1:],
+                                                       strict=True)):
+        raise _bad(f"input {name!r}: shape {shape} does not match the model's "
+                   f"{list(spec.shape)}")
+    return spec, count
+
+
+def batch_rows(arrays: dict[str, np.ndarray], specs: dict[str, TensorSpec], model: str,
+               max_batch_size: int) -> int:
+    """The request's rows: every input given, one batch dimension, 1 to max_batch_size."""
+    missing = sorted(set(specs) - set(arrays))
+    if missing:
+        raise _bad(f"model {model!r}: missing input(s) {', '.join(missing)}")
+    rows = {a.shape[0] for a in arrays.values()}
+    if len(rows) != 1:
+        raise _bad("request: every input needs the same batch dimension")
+    n_rows = int(rows.pop())
+    if not 1 <= n_rows <= max_batch_size:
+        raise _bad(f"inference request batch-size must be <= {max_batch_size} for "
+                   f"{model!r}, got {n_rows}")
+    return n_rows
+
+
 def parse_request(body: bytes, header_length: str | None, model: str,
                   inputs: tuple[TensorSpec, ...], max_batch_size: int) -> InferRequest:
     """A request body to validated input arrays, one batch dimension for all inputs."""
@@ -141,27 +184,9 @@ def parse_request(body: bytes, header_length: str | None, model: str,
         if not isinstance(item, dict):
             raise _bad("request inputs: each input must be an object")
         name = item.get("name")
-        if name not in specs:
-            raise _bad(f"unexpected inference input {cut(str(name), 60)!r} for model "
-                       f"{model!r}; expected {', '.join(sorted(specs))}")
-        spec = specs[name]
-        if item.get("datatype") != spec.datatype:
-            raise _bad(f"input {name!r}: datatype {cut(str(item.get('datatype')), 20)!r}, "
-                       f"expected {spec.datatype}")
         shape = item.get("shape")
-        if not isinstance(shape, list) or not shape:
-            raise _bad(f"input {name!r}: shape must be a list of whole numbers")
-        for d in shape:
-            if type(d) is not int or d < 0:
-                raise _bad(f"input {name!r}: shape must be a list of whole numbers")
-        count = math.prod(shape)
-        if count > MAX_ELEMENTS:
-            raise _bad(f"input {name!r}: {count:,} elements; expected at most {MAX_ELEMENTS:,}")
-        if len(shape) != len(spec.shape) or any(
-                want not in (-1, got) for want, got in zip(spec.shape[1:], shape[1:],
-                                                           strict=True)):
-            raise _bad(f"input {name!r}: shape {shape} does not match the model's "
-                       f"{list(spec.shape)}")
+        spec, count = check_input(name, item.get("datatype"), shape, specs, model)
+        name = spec.name
         dtype = V2_DTYPES[spec.datatype]
         tparams = item.get("parameters") or {}
         size = tparams.get("binary_data_size") if isinstance(tparams, dict) else None
@@ -178,18 +203,9 @@ def parse_request(body: bytes, header_length: str | None, model: str,
                 raise _bad(f"input {name!r}: no data and no binary_data_size")
             arr = _json_tensor(data, name, spec, count)
         arrays[name] = arr.reshape(shape)
-    missing = sorted(set(specs) - set(arrays))
-    if missing:
-        raise _bad(f"model {model!r}: missing input(s) {', '.join(missing)}")
     if offset != len(binary):
         raise _bad(f"request: {len(binary) - offset} bytes of binary data no input claims")
-    rows = {a.shape[0] for a in arrays.values()}
-    if len(rows) != 1:
-        raise _bad("request: every input needs the same batch dimension")
-    n_rows = rows.pop()
-    if not 1 <= n_rows <= max_batch_size:
-        raise _bad(f"inference request batch-size must be <= {max_batch_size} for "
-                   f"{model!r}, got {n_rows}")
+    n_rows = batch_rows(arrays, specs, model, max_batch_size)
     raw_params = doc.get("parameters")
     params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
     outs = []
@@ -232,38 +248,63 @@ def top_classes(name: str, arr: np.ndarray, k: int, labels: tuple[str, ...] = ()
                     ).reshape(arr.shape[0], k)
 
 
-def build_response(model: str, version: str, req: InferRequest,
-                   outputs: tuple[TensorSpec, ...], values: dict[str, np.ndarray],
-                   labels: dict[str, tuple[str, ...]] | None = None
-                   ) -> tuple[bytes, int | None]:
-    """The response body and, when any tensor is binary, its JSON header's length."""
+@dataclass(frozen=True, slots=True)
+class OutputTensor:
+    """One output as asked for: a classification's top k as BYTES (an object array of
+    byte strings), or the model's values."""
+
+    name: str
+    datatype: str
+    values: np.ndarray
+    binary: bool
+
+    def raw(self) -> bytes:
+        """The tensor as binary data: BYTES elements each after its 4-byte little-endian
+        length, as Triton sends them; numbers in the datatype's dtype."""
+        if self.datatype == "BYTES":
+            return b"".join(len(s).to_bytes(4, "little") + s for s in self.values.reshape(-1))
+        return self.values.astype(V2_DTYPES[self.datatype], copy=False).tobytes()
+
+
+def requested_outputs(model: str, req: InferRequest, outputs: tuple[TensorSpec, ...],
+                      values: dict[str, np.ndarray],
+                      labels: dict[str, tuple[str, ...]] | None = None
+                      ) -> list[OutputTensor]:
+    """The outputs a request asked for (all, if it named none), in its order; an output
+    the model lacks is the request's error."""
     wanted = req.outputs or tuple((t.name, req.binary_default, 0) for t in outputs)
     known = {t.name: t for t in outputs}
-    out_json: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    out = []
     for name, binary, classes in wanted:
         if name not in known:
             raise _bad(f"unexpected inference output {cut(name, 60)!r} for model {model!r}")
         arr = np.ascontiguousarray(values[name])
         if classes:
             top = top_classes(name, arr, classes, (labels or {}).get(name, ()))
-            item: dict[str, Any] = {"name": name, "datatype": "BYTES",
-                                    "shape": list(top.shape)}
-            if binary:
-                raw = b"".join(len(s).to_bytes(4, "little") + s for s in top.reshape(-1))
-                item["parameters"] = {"binary_data_size": len(raw)}
-                blobs.append(raw)
-            else:
-                item["data"] = [s.decode() for s in top.reshape(-1)]
-            out_json.append(item)
-            continue
-        item = {"name": name, "datatype": known[name].datatype, "shape": list(arr.shape)}
-        if binary:
-            raw = arr.astype(known[name].dtype, copy=False).tobytes()
+            out.append(OutputTensor(name, "BYTES", top, binary))
+        else:
+            out.append(OutputTensor(name, known[name].datatype, arr, binary))
+    return out
+
+
+def build_response(model: str, version: str, req: InferRequest,
+                   outputs: tuple[TensorSpec, ...], values: dict[str, np.ndarray],
+                   labels: dict[str, tuple[str, ...]] | None = None
+                   ) -> tuple[bytes, int | None]:
+    """The response body and, when any tensor is binary, its JSON header's length."""
+    out_json: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for o in requested_outputs(model, req, outputs, values, labels):
+        item: dict[str, Any] = {"name": o.name, "datatype": o.datatype,
+                                "shape": list(o.values.shape)}
+        if o.binary:
+            raw = o.raw()
             item["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
+        elif o.datatype == "BYTES":
+            item["data"] = [s.decode() for s in o.values.reshape(-1)]
         else:
-            item["data"] = arr.reshape(-1).tolist()
+            item["data"] = o.values.reshape(-1).tolist()
         out_json.append(item)
     doc: dict[str, Any] = {"model_name": model, "model_version": version,
                            "outputs": out_json}

@@ -20,13 +20,14 @@ from servelab.scenario import BatchingPolicy, scenario_from_dict
 @dataclass(frozen=True, slots=True)
 class RepoModel:
     name: str
-    path: Path  # the .onnx file of the highest version
+    path: Path  # the .onnx file of this version
     policy: BatchingPolicy
     instances: int
     dynamic_batching: bool = True  # False: no dynamic_batching block, each request alone
     version: str = "1"  # the version folder served
     declared: tuple[Declared, ...] = ()  # the config's inputs and outputs, if it has them
     labels: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (output, its label file's lines)
+    version_policy: tuple[str, tuple[int, ...]] = ("latest", (1,))  # as config.pbtxt says
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ HONOURED = frozenset({
     "input", "input.name", "input.data_type", "input.dims",
     "output", "output.name", "output.data_type", "output.dims", "output.label_filename",
     "version_policy", "version_policy.latest", "version_policy.latest.num_versions",
+    "version_policy.all", "version_policy.specific", "version_policy.specific.versions",
     "instance_group", "instance_group.name", "instance_group.count", "instance_group.kind",
     "dynamic_batching", "dynamic_batching.preferred_batch_size",
     "dynamic_batching.max_queue_delay_microseconds", "dynamic_batching.default_queue_policy",
@@ -58,14 +60,6 @@ HONOURED = frozenset({
 
 def check_config(cfg: Any, folder: str, where: str) -> None:
     """Refuse, with one line, a config the gateway would not run as Triton does."""
-    if cfg.HasField("version_policy") and not (
-            cfg.version_policy.HasField("latest")
-            and cfg.version_policy.latest.num_versions <= 1):
-        raise InputError(
-            f"{where}: version_policy {cut(str(cfg.version_policy).strip(), 80)!r}: "
-            "servelab serves one version of a model, the highest numbered folder "
-            "(Triton's default, latest { num_versions: 1 }); fix: remove version_policy "
-            "or serve each version as a model of its own name")
     _check_fields(cfg, "", where)
     if cfg.name and cfg.name != folder:  # Triton refuses to load it too
         raise InputError(f"{where}: name {cut(cfg.name, 80)!r} differs from its folder "
@@ -213,8 +207,65 @@ def policy_from_config(cfg: Any, where: str) -> tuple[BatchingPolicy, int]:
     return s.batching, instances
 
 
+MAX_VERSIONS = 64  # versions of one model served at once (each loads its model)
+
+
+def version_policy(cfg: Any, where: str) -> tuple[str, tuple[int, ...]]:
+    """config.pbtxt's version_policy as (kind, numbers): ("latest", (n,)), ("all", ()) or
+    ("specific", versions); Triton's default when none is set: the latest one."""
+    vp = cfg.version_policy
+    kind = vp.WhichOneof("policy_choice") if cfg.HasField("version_policy") else None
+    if kind == "all":
+        return "all", ()
+    if kind == "specific":
+        versions = tuple(sorted(set(vp.specific.versions)))
+        if not versions or min(versions) < 0:
+            raise InputError(f"{where}: version_policy specific {{ versions: "
+                             f"{list(vp.specific.versions)} }}: expected one or more version "
+                             "numbers; fix: list the version folders to serve")
+        return "specific", versions
+    n = vp.latest.num_versions if kind == "latest" else 1
+    if not 1 <= n <= MAX_VERSIONS:
+        raise InputError(f"{where}: version_policy latest {{ num_versions: {n} }}: expected "
+                         f"1 to {MAX_VERSIONS}; fix: the number of latest versions to serve")
+    return "latest", (n,)
+
+
+def served_versions(policy: tuple[str, tuple[int, ...]], have: list[int], where: str
+                    ) -> list[int]:
+    """The version folders a policy serves, as Triton picks them; a specific version
+    without its folder is refused (Triton would leave it unloaded)."""
+    kind, numbers = policy
+    if kind == "all":
+        chosen = have
+    elif kind == "specific":
+        missing = sorted(set(numbers) - set(have))
+        if missing:
+            raise InputError(f"{where}: version_policy specific lists version(s) {missing} "
+                             f"with no folder (folders: {have}); fix: add the folders or "
+                             "list only those there")
+        chosen = list(numbers)
+    else:
+        chosen = have[-numbers[0]:]
+    if len(chosen) > MAX_VERSIONS:
+        raise InputError(f"{where}: {len(chosen)} versions to serve; expected at most "
+                         f"{MAX_VERSIONS}; fix: a version_policy that serves fewer")
+    return chosen
+
+
+def policy_json(policy: tuple[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The version_policy as Triton's config JSON reports it."""
+    kind, numbers = policy
+    if kind == "all":
+        return {"all": {}}
+    if kind == "specific":
+        return {"specific": {"versions": list(numbers)}}
+    return {"latest": {"num_versions": numbers[0]}}
+
+
 def load_repository(root: str | Path) -> list[RepoModel]:
-    """Every model with a config.pbtxt and an .onnx file in its highest version folder."""
+    """Every model with a config.pbtxt, one RepoModel per version its version_policy
+    serves (Triton's default: the highest numbered folder), each with an .onnx file."""
     base = Path(root)
     if not base.is_dir():
         raise InputError(f"--model-repository = {cut(str(root))!r}: not a folder; "
@@ -228,20 +279,23 @@ def load_repository(root: str | Path) -> list[RepoModel]:
         cfg = parse_config(read_text(cfg_path, "config.pbtxt", max_bytes=MAX_CONFIG_BYTES,
                                      what="config.pbtxt"), where)
         check_config(cfg, d.name, where)
-        versions = sorted((int(v.name), v) for v in d.iterdir()
-                          if v.is_dir() and v.name.isdigit())
-        if not versions:
+        folders = {int(v.name): v for v in d.iterdir()
+                   if v.is_dir() and v.name.isdigit() and len(v.name) < 19}
+        if not folders:
             raise InputError(f"{where}: no version folder (e.g. {d.name}/1/model.onnx); "
                              "fix: put the model in a numbered folder")
+        vp = version_policy(cfg, where)
         filename = cfg.default_model_filename or "model.onnx"
-        onnx_path = versions[-1][1] / filename
-        if not onnx_path.is_file():
-            raise InputError(f"{where}: no {cut(str(onnx_path))}; fix: export the model "
-                             f"there as {filename}")
         policy, instances = policy_from_config(cfg, where)
-        models.append(RepoModel(cfg.name or d.name, onnx_path, policy, instances,
-                                cfg.HasField("dynamic_batching"), str(versions[-1][0]),
-                                declared_io(cfg), read_labels(cfg, d, where)))
+        declared, labels = declared_io(cfg), read_labels(cfg, d, where)
+        for v in served_versions(vp, sorted(folders), where):
+            onnx_path = folders[v] / filename
+            if not onnx_path.is_file():
+                raise InputError(f"{where}: no {cut(str(onnx_path))}; fix: export the model "
+                                 f"there as {filename}")
+            models.append(RepoModel(cfg.name or d.name, onnx_path, policy, instances,
+                                    cfg.HasField("dynamic_batching"), str(v), declared,
+                                    labels, vp))
     if not models:
         raise InputError(f"--model-repository = {cut(str(root))!r}: no model with a "
                          "config.pbtxt; fix: DIR/<model>/config.pbtxt and DIR/<model>/1/"

@@ -4,16 +4,17 @@ writers, the app) -> run on uvicorn with the guarded protocol, closed in order."
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from servelab.errors import InputError, cut
-from servelab.gateway.repository import Declared, check_declared
+from servelab.gateway.repository import Declared, check_declared, policy_json
 from servelab.scenario import BatchingPolicy
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class ModelSpec(NamedTuple):
     version: str = "1"
     declared: tuple[Declared, ...] = ()  # its config.pbtxt's inputs and outputs, if any
     labels: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (output, its label file's lines)
+    version_policy: tuple[str, tuple[int, ...]] = ("latest", (1,))  # repository.version_policy
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,13 @@ class GatewaySpec:
     max_inflight_mb: float = 256.0
     metrics_port: int | None = None  # /metrics on a port of its own too, as Triton's 8002
     summary_latencies: bool = False  # Triton's latency summaries in /metrics
+    grpc_port: int | None = None  # the KServe v2 gRPC service too, as Triton's 8001
 
     def check(self) -> None:
         if not self.models:
             raise InputError("--model: none given; fix: --model NAME=PATH.onnx, "
                              "--model-repository DIR, or --demo")
-        if len({m.name for m in self.models}) != len(self.models):
+        if len({(m.name, m.version) for m in self.models}) != len(self.models):
             raise InputError("--model: a name is given twice; fix: one NAME per model")
         if self.missing not in ("default", "reject"):
             raise InputError(f"--missing = {cut(self.missing)!r}: expected default or reject")
@@ -84,6 +87,9 @@ class GatewaySpec:
             raise InputError(f"--metrics-port = {self.metrics_port}: the same as --port; "
                              "fix: another port (Triton's is 8002), or leave it out: /metrics "
                              "is on --port too")
+        if self.grpc_port is not None and self.grpc_port in (self.port, self.metrics_port):
+            raise InputError(f"--grpc-port = {self.grpc_port}: the same as --port or "
+                             "--metrics-port; fix: a port of its own (Triton's is 8001)")
 
 
 @dataclass
@@ -155,6 +161,7 @@ def build(spec: GatewaySpec) -> Gateway:
         served.append(ServedModel(model, pol, pol.instances_per_gpu, metrics,
                                   join=join, log=log, drift=monitor, trace=trace,
                                   dynamic_batching=ms.dynamic_batching, version=ms.version,
+                                  version_policy=policy_json(ms.version_policy),
                                   class_labels=dict(ms.labels)))
     app = create_gateway(served, allowed_hosts=allowed_hosts(spec.host, list(spec.allow_host)),
                          metrics=metrics, body_timeout_s=spec.body_timeout_s,
@@ -180,6 +187,10 @@ def run(gw: Gateway, say: Callable[[str], None]) -> None:
         check_can_listen(spec.host, spec.metrics_port)
         _serve_metrics(gw, limits, spec.metrics_port)
         say(f"metrics on http://{spec.host}:{spec.metrics_port}/metrics")
+    if spec.grpc_port is not None:
+        check_can_listen(spec.host, spec.grpc_port)
+        _with_grpc(gw, limits)
+        say(f"gRPC (KServe v2) on {spec.host}:{spec.grpc_port}")
     for ms in spec.models:
         pol = ms.policy
         batching = (f"max_queue_delay {pol.max_queue_delay_microseconds} us"
@@ -222,6 +233,32 @@ def _serve_metrics(gw: Gateway, limits: ConnectionLimits, port: int) -> None:
         app, host=spec.host, port=port, log_level="warning", access_log=False,
         proxy_headers=False, http=guarded_http_protocol(limits)))
     threading.Thread(target=server.run, name="servelab-metrics", daemon=True).start()
+
+
+def _with_grpc(gw: Gateway, limits: ConnectionLimits) -> None:
+    """The gRPC service started and stopped with the HTTP app (in its lifespan), on the
+    same event loop, which the batchers answer on: stopped, it finishes the calls it has
+    (up to 30 s, as the HTTP side drains) and takes no new ones."""
+    from servelab.gateway.grpc_service import create_grpc_server
+
+    spec = gw.spec
+    app = gw.app
+    port = spec.grpc_port
+    assert port is not None
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        server = create_grpc_server(app, spec.host, port, limits.max_connections,
+                                    int(spec.max_inflight_mb * 1024 * 1024))
+        await server.start()
+        try:
+            async with inner(a) as state:
+                yield state
+        finally:
+            await server.stop(30)
+
+    app.router.lifespan_context = lifespan
 
 
 def _exit_cleanly(signum: int, frame: Any) -> None:
