@@ -205,19 +205,31 @@ def steal_of(report: dict) -> float:
 def judged_on_quiet_runs(run: Callable[[int], dict], misses: Callable[[dict], list[str]]
                          ) -> None:
     """Run `run(attempt)` (a validate report, its other checks asserted inside) up to
-    ATTEMPTS times, each on a fresh server, until one has no `misses`. Fails if none
-    had none and any of them was quiet (steal at most QUIET_STEAL in every phase, other
-    processes at most QUIET_OTHERS of the CPUs over the run); if every run was busy,
-    skips with "host busy": the prediction was not judged."""
+    ATTEMPTS times, each on a fresh server, until one has no `misses`; judged as
+    `judged_quietly` judges, with the steal the report saw in any phase counted too."""
+    def attempt(i: int) -> tuple[list[str], float]:
+        report = run(i)
+        return misses(report), steal_of(report)
+
+    judged_quietly(attempt)
+
+
+def judged_quietly(run: Callable[[int], tuple[list[str], float]],
+                   attempts: int = ATTEMPTS) -> None:
+    """Run `run(attempt)` up to `attempts` times until one has no misses; it returns
+    (misses, the largest steal it saw itself, or 0). Fails if none had none and any of
+    them was quiet (steal at most QUIET_STEAL, other processes at most QUIET_OTHERS of
+    the CPUs over the run); if every run was busy, skips with "host busy": the
+    prediction was not judged."""
     tried: list[tuple[float, float, list[str]]] = []
-    for attempt in range(ATTEMPTS):
+    for attempt in range(attempts):
         use = HostUse()
-        report = run(attempt)
+        missed, seen_steal = run(attempt)
         steal, others = use.shares()
-        tried.append((max(steal_of(report), steal), others, misses(report)))
+        tried.append((max(seen_steal, steal), others, missed))
         print(f"run {attempt + 1}: steal {tried[-1][0]:.1%}, other processes "
-              f"{others:.1%}, misses {tried[-1][2]}")
-        if not tried[-1][2]:
+              f"{others:.1%}, misses {missed}")
+        if not missed:
             return
     quiet = [t for t in tried if t[0] <= QUIET_STEAL and t[1] <= QUIET_OTHERS]
     assert not quiet, f"runs with the CPUs quiet missed: {quiet} (all runs: {tried})"

@@ -98,6 +98,10 @@ class BatchingPolicy:
     # before the freed instance takes the next waiting payload (`servelab replay-trace`
     # measures it from a Triton trace); 0 is the order the source implies.
     batcher_first: float = 0.0
+    # Share of completions whose wake-up Triton 2.51's batcher thread misses when it runs
+    # without prefetching (a queue policy set): the instance idles until an arrival wakes
+    # the thread or its 500 ms wait ends (triton_engine, rule 6). 0: off, the default.
+    lost_wakeup: float = 0.0
 
     @property
     def effective_preferred(self) -> tuple[int, ...]:
@@ -546,6 +550,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
         "instances_per_gpu": _int(1, 64),
         "closing": _enum(Closing),
         "batcher_first": _num(0, 1),
+        "lost_wakeup": _num(0, 1),
     }),
     "hardware": (Hardware, {
         "gpu": _str,

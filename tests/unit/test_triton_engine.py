@@ -122,6 +122,38 @@ def test_with_a_queue_limit_nothing_waits_outside_the_queue():
     assert starts_ms(r)[:2] == [0.0, 10.0]
 
 
+def test_a_lost_wake_up_with_a_full_queue_idles_the_instance_500_ms():
+    # max_batch_size 1, max_queue_size 2, every wake-up at a completion lost (rule 6):
+    # 0 runs 0-10; 1 and 2 queue; 3 is rejected (full). At 10 the thread, waiting for an
+    # instance since 0, misses the wake-up, and the rejected 40 wakes nothing: it wakes
+    # when its wait ends, 500 ms after it began (0), and starts 1. Waiting again since
+    # 500, it misses the next one too: 2 starts at 1000. Without the loss: 10 and 20.
+    arrivals = [0, 1, 2, 3, 40]
+    policy = {"max_batch_size": 1, "max_queue_size": 2}
+    lost = run_ms(arrivals, 10.0, lost_wakeup=1.0, **policy)
+    assert lost.status.tolist() == [SERVED, SERVED, SERVED, REJECTED, REJECTED]
+    assert starts_ms(lost)[:3] == [0.0, 500.0, 1000.0]
+    kept = run_ms(arrivals, 10.0, **policy)
+    assert kept.status.tolist() == [SERVED, SERVED, SERVED, REJECTED, SERVED]
+    assert starts_ms(kept)[:3] == [0.0, 10.0, 20.0]
+
+
+def test_a_lost_wake_up_ends_at_the_next_accepted_arrival():
+    # The same with room in the queue (max_queue_size 4): the arrival at 30 is accepted,
+    # and wakes the thread (the instance is free), which starts 1 at once.
+    r = run_ms([0, 1, 2, 30], 10.0, lost_wakeup=1.0, max_batch_size=1, max_queue_size=4)
+    assert r.status.tolist() == [SERVED] * 4
+    assert starts_ms(r)[:2] == [0.0, 30.0]
+
+
+def test_a_lost_wake_up_needs_no_prefetching():
+    # Without a queue policy Triton prefetches: payloads wait for the instance, which
+    # takes the next at its completion whatever the thread does, so nothing is lost.
+    arrivals = [0, 1, 2, 3]
+    assert (starts_ms(run_ms(arrivals, 10.0, lost_wakeup=1.0, max_batch_size=1))
+            == starts_ms(run_ms(arrivals, 10.0, max_batch_size=1)) == [0.0, 10.0, 20.0, 30.0])
+
+
 def test_without_a_queue_policy_two_payloads_per_instance_wait():
     # The same arrivals without a queue policy: the batcher hands two payloads over
     # while the instance runs the first, then blocks on the payload slot.

@@ -183,7 +183,7 @@ def more_room(records: tuple[np.ndarray, ...], nb: int) -> tuple[np.ndarray, ...
 # its scalars in one int64 array (these indices), then its instance heaps and payload ring.
 (S_NXT, S_NB, S_HEAD, S_TAIL, S_N_BUSY, S_N_IDLE, S_M_TAIL, S_RQ_HEAD, S_RQ_COUNT,
  S_CP_OPEN, S_CP_STALE, S_SATURATED, S_NEXT_PREF, S_TIMER, S_TIMER_IDLE, S_BLOCKED,
- S_SEEDED) = range(17)
+ S_SEEDED, S_BLOCK_T, S_LOST) = range(19)
 # What a call returns: the run is over; it stopped before the first instant it may not
 # know every arrival of; it stopped for room for more batches (see `more_room`).
 DONE, MORE_ARRIVALS, MORE_ROOM = 0, 1, 2
@@ -194,9 +194,10 @@ def new_state(num_instances: int) -> tuple[np.ndarray, ...]:
     batcher thread asleep on the empty queue. Scalars, then the heap of busy instances
     (free time, index), the heap of idle ones (index, index), and the rate limiter's ring
     of payloads (start, length) with room for 2 per instance (the Triton engine's)."""
-    scalars = np.zeros(17, np.int64)
+    scalars = np.zeros(19, np.int64)
     scalars[S_N_IDLE] = num_instances
     scalars[S_TIMER_IDLE] = 1
+    scalars[S_LOST] = _NEVER  # no missed wake-up pending
     idle = np.arange(num_instances, dtype=np.int64)  # sorted: a heap already
     ring = 2 * num_instances + 1
     return (scalars, np.zeros(num_instances, np.int64), np.zeros(num_instances, np.int64),

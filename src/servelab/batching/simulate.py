@@ -152,7 +152,8 @@ def simulate_policy(
 ) -> Records:
     """The batcher alone, on given arrivals and service draws (`simulate`'s core; tests
     and the bench call it directly); `seed` draws who wins each completion race when
-    ``policy.batcher_first`` is between 0 and 1.
+    ``policy.batcher_first`` is between 0 and 1, and which wake-ups are lost with
+    ``policy.lost_wakeup``.
 
     With `draw`, ``arrival_ns`` is filled as the run goes: ``draw(k)`` fills it up to k
     (see arrivals.ArrivalDraw). The engine runs on this thread over one part while the
@@ -198,7 +199,8 @@ def simulate_policy(
                     drawing.result()  # raises the draw's error
             while True:
                 code = (run_batcher_triton(*args, records, state, limit,
-                                           float(policy.batcher_first), seed % 2**32)
+                                           float(policy.batcher_first), seed % 2**32,
+                                           float(policy.lost_wakeup))
                         if triton else run_batcher(*args, records, state, limit))
                 if code != MORE_ROOM:
                     break

@@ -54,6 +54,18 @@ priority level:
    first instead (and grows the waiting payload), drawn per completion from
    the run's seed; ``servelab replay-trace`` fits it to a Triton trace (0.08
    to 0.15 for PyTriton's Triton on a 2-core machine, measured).
+6. **The lost wake-up** (opt-in, ``lost_wakeup``; measured, not read from the
+   source): without prefetching, Triton 2.51's thread sometimes misses a
+   completion's wake-up (it looks before the freed instance waits for work),
+   and sleeps on with requests queued until an arrival wakes it or its wait
+   ends: 500 ms after it began to wait for an instance. A rejected arrival
+   wakes nothing, so with a full queue the instance idles for the rest of
+   those 500 ms. On the test's tritonserver (Triton 2.51, Python backend, one
+   instance, 4 ms batches, max_queue_size 4, 2-core machine) 5-7% of
+   completions with a full queue were followed by such a 500 ms gap, and
+   2-5% of those with 1-3 queued by a gap of about one interarrival time.
+   ``lost_wakeup`` is the share of completions (with requests queued and no
+   prefetching) whose wake-up is missed, drawn from the run's seed.
 
 With no ``preferred_batch_size`` Triton's normaliser uses
 ``[max_batch_size]``. ``max_queue_size`` counts the requests still in the
@@ -73,14 +85,17 @@ import numpy as np
 from numba import njit
 
 from servelab.batching.engine import (
+    _NEVER,
     DONE,
     MORE_ARRIVALS,
     MORE_ROOM,
     REJECTED,
+    S_BLOCK_T,
     S_BLOCKED,
     S_CP_OPEN,
     S_CP_STALE,
     S_HEAD,
+    S_LOST,
     S_M_TAIL,
     S_N_BUSY,
     S_N_IDLE,
@@ -100,7 +115,6 @@ from servelab.batching.engine import (
     start_batch,
 )
 
-_NEVER = np.int64(1) << np.int64(62)
 IDLE_WAIT_NS = 500_000_000  # default_wait_microseconds = 500 * 1000
 
 
@@ -329,13 +343,16 @@ def run_batcher_triton(
     limit: int,
     batcher_first: float = 0.0,
     seed: int = 0,
+    lost_wakeup: float = 0.0,
 ) -> int:
     """Run Triton's batcher thread over sorted arrivals, as far as the first `limit` of
     them allow; the same inputs, outputs and calls as ``engine.run_batcher`` (see there).
     ``batcher_first`` is the share of completions at which the woken batcher thread
     looks before the freed instance takes the next waiting payload (drawn from `seed`
     by Numba's generator, whose state is the calling thread's: make every call of one
-    run from the same thread); 0 is the order the source implies."""
+    run from the same thread); 0 is the order the source implies. ``lost_wakeup`` is the
+    share of completions whose wake-up the thread misses when it waits for an instance
+    without prefetching (see rule 6), drawn from the same generator."""
     n = arrival_ns.size
     mbs = max_batch_size
     is_pref = preferred.copy()
@@ -361,11 +378,13 @@ def run_batcher_triton(
     timer = st[S_TIMER]  # the thread's next timed wake-up (it starts asleep, queue empty)
     timer_idle = st[S_TIMER_IDLE] != 0  # that sleep is the 500 ms empty-queue wait
     blocked = st[S_BLOCKED] != 0  # waiting for a payload slot (no timer)
+    block_t = st[S_BLOCK_T]  # when it began to wait
+    lost = st[S_LOST]  # a missed wake-up: the end of that wait's 500 ms, or _NEVER
     slots = 2 * num_instances
     cap = slots + 1
     prefetch = max_queue_size == 0 and timeout_ns == 0  # (see rule 1)
     horizon = _NEVER if limit >= n else arrival_ns[limit - 1]
-    if batcher_first > 0.0 and st[S_SEEDED] == 0:
+    if (batcher_first > 0.0 or lost_wakeup > 0.0) and st[S_SEEDED] == 0:
         np.random.seed(seed)
         st[S_SEEDED] = 1
     # The policies `_quiet_run` takes whenever the state allows (see there).
@@ -400,6 +419,7 @@ def run_batcher_triton(
                 other = min(other, busy_t[0])
             if not blocked:
                 other = min(other, timer)
+            other = min(other, lost)
             if timeout_ns > 0 and tail > p_head:
                 other = min(other, arrival_ns[queue[p_head]] + timeout_ns)
             while nxt < n and arrival_ns[nxt] < other:
@@ -421,6 +441,7 @@ def run_batcher_triton(
             t = min(t, busy_t[0])
         if not blocked and (q > 0 or not timer_idle):
             t = min(t, timer)
+        t = min(t, lost)
         if q > 0 and timeout_ns > 0:
             t = min(t, arrival_ns[queue[p_head]] + timeout_ns)
         if t >= horizon:
@@ -434,6 +455,14 @@ def run_batcher_triton(
             n_busy -= 1
             heap_push(idle_k, idle_i, n_idle, k_inst, k_inst)
             n_idle += 1
+            if (lost_wakeup > 0.0 and not prefetch and (blocked or tail > p_head)
+                    and not wake and (lost_wakeup >= 1.0 or np.random.random() < lost_wakeup)):
+                # (rule 6) the thread looked before the instance waited for work: it
+                # sleeps on until a waking arrival or the end of its 500 ms wait (its
+                # own timer when it sleeps on one)
+                if blocked and lost == _NEVER:
+                    lost = block_t + ((t - block_t) // IDLE_WAIT_NS + 1) * IDLE_WAIT_NS
+                continue
             wake = True
             completed = True
 
@@ -454,6 +483,10 @@ def run_batcher_triton(
             timer += ((t - timer + IDLE_WAIT_NS - 1) // IDLE_WAIT_NS) * IDLE_WAIT_NS
         if not blocked and timer <= t and (tail > p_head or not timer_idle):
             wake = True
+        if lost <= t:
+            wake = True
+        if wake:
+            lost = _NEVER
 
         # The batcher thread runs (after instances took what was waiting), looping
         # until it sleeps or blocks; each payload it hands over is taken by an
@@ -500,6 +533,8 @@ def run_batcher_triton(
                 running = False
                 continue
             if not _slot_free(prefetch, rq_count, slots, n_idle):
+                if not blocked:
+                    block_t = t
                 blocked = True
                 running = False
                 continue
@@ -547,4 +582,5 @@ def run_batcher_triton(
     st[S_CP_OPEN], st[S_CP_STALE], st[S_SATURATED] = cp_open, cp_stale, saturated
     st[S_NEXT_PREF], st[S_TIMER], st[S_TIMER_IDLE], st[S_BLOCKED] = (next_pref, timer,
                                                                      timer_idle, blocked)
+    st[S_BLOCK_T], st[S_LOST] = block_t, lost
     return code

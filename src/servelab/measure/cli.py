@@ -395,6 +395,8 @@ def _print_replay(report: dict[str, Any]) -> None:
     sp = report["spread"]
     stdout.print(f"per-batch spread: cv {sp['cv']:.2f}, slowest batch {sp['max']:.1f}x its "
                  f"size's mean ({sp['batches']:,} batches)", highlight=False)
+    for note in report["notes"]:
+        stdout.print(f"note: {note}", highlight=False, markup=False)
     if "scenario_out" in report:
         stdout.print(f"wrote {report['scenario_out']}: servelab simulate --scenario "
                      f"{report['scenario_out']}", highlight=False)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import InputError
+from servelab.measure.gaps import answer_gaps
 
 MAX_REQUESTS = 2_000_000
 MAX_IDLE_NS = 1_000_000_000  # a keep-alive connection idle longer is not reused
@@ -69,18 +70,26 @@ class LoadResult:
     def summary(self) -> dict[str, float | int]:
         lat = self.latency_ms
         span = (self.done_ns.max() - self.intended_ns.min()) / 1e9 if self.done_ns.size else 0
-        ok = int((self.status == 200).sum())
+        good = self.status == 200
+        ok = int(good.sum())
+        drawn = (self.intended_ns.max() - self.intended_ns.min()) / 1e9 if self.status.size else 0
+        gaps = answer_gaps(self.sent_ns[good], self.done_ns[good])
         q = (np.percentile(lat, [50, 90, 95, 99]) if lat.size else [float("nan")] * 4)
         return {
             "requests": int(self.status.size), "ok": ok,
             "errors": int(self.status.size - ok),
             "achieved_per_s": ok / span if span > 0 else 0.0,
+            # the rate the send times actually drawn ask for (a 2 s Poisson draw's own
+            # span varies by a few percent around the nominal rate's)
+            "drawn_per_s": self.status.size / drawn if drawn > 0 else 0.0,
             "mean_ms": float(lat.mean()) if lat.size else float("nan"),
             "p50_ms": float(q[0]), "p90_ms": float(q[1]), "p95_ms": float(q[2]),
             "p99_ms": float(q[3]),
             "behind_p99_ms": float(np.percentile(self.behind_ms, 99)) if self.status.size
             else 0.0,
             "p50_growth": self.p50_growth(),
+            # ~500 ms with requests waiting and no answer (Triton's lost wake-up)
+            "wait_gaps": gaps[0], "wait_gap_s": gaps[1],
         }
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from servelab.batching.service import draw_multipliers
 from servelab.batching.simulate import simulate_policy
 from servelab.errors import InputError
+from servelab.measure.gaps import batch_gaps, gap_note
 from servelab.scenario import MAX_SAMPLES, BatchingPolicy, Closing, Variability
 from servelab.trace_file import TraceRequests
 
@@ -174,7 +175,8 @@ def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[st
             "batcher_first": share,
             "spread": {"batches": int(spread.size), "cv": float(spread.std() / spread.mean()),
                        "max": float(spread.max())},
-            "measured": measured, "rules": rules}
+            "measured": measured, "rules": rules,
+            "notes": gap_note(*batch_gaps(tr.queue_ns, tr.start_ns, tr.end_ns), "in the trace")}
 
 
 def trace_scenario(tr: TraceRequests, report: dict[str, Any], policy: BatchingPolicy,
