@@ -26,7 +26,7 @@ def main() -> None:
         sys.exit("chromium not installed; fix: apt-get install chromium")
     with running_lab() as url, sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-        for name, size, full in (("lab.png", (1440, 1700), False),
+        for name, size, full in (("lab.png", (1280, 1700), False),
                                  ("lab-phone.png", (390, 844), False)):
             page = b.new_page(viewport={"width": size[0], "height": size[1]})
             page.goto(url)

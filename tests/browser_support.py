@@ -73,21 +73,27 @@ def first_readout_ms(browser, url: str) -> float:  # type: ignore[no-untyped-def
 # page: the control gets its new value and its event; a MutationObserver takes the moment
 # the page renders the answer (the read-outs' `data-rendered` count moves: a read-out whose
 # figure is unchanged keeps its text), then the next animation frame (the paint).
+# Event "key" is a keyboard step: input and change in one task, as a browser fires them
+# for an arrow key; its time runs to the *final* read-outs (not a preview's) painted.
 MEASURE_JS = """
 async ([control, value, event]) => {
   const el = document.querySelector(control);
   const results = document.querySelector('#results');
   const before = results.dataset.rendered;
+  const final = event === 'key';
   return await new Promise((resolve) => {
     const t0 = performance.now();
     const obs = new MutationObserver(() => {
       if (results.dataset.rendered === before) return;
+      if (final && results.dataset.preview === '1') return;
       obs.disconnect();
       requestAnimationFrame(() => resolve(performance.now() - t0));
     });
     obs.observe(results, { attributes: true, attributeFilter: ['data-rendered'] });
     el.value = String(value);
-    el.dispatchEvent(new Event(event, { bubbles: true }));
+    for (const name of final ? ['input', 'change'] : [event]) {
+      el.dispatchEvent(new Event(name, { bubbles: true }));
+    }
     setTimeout(() => { obs.disconnect(); resolve(-1); }, 20000);
   });
 }
@@ -102,6 +108,11 @@ MOVES = [
     ("context", "#c-llm-context-tokens-range", "input", [4096 + 512 * i for i in range(1, 26)]),
     ("KV dtype", "#c-llm-kv-dtype", "change", ["fp8", "auto"] * 12 + ["fp8"]),
 ]
+
+
+# The same sliders stepped as a keyboard steps them, timed to the final figures.
+KEY_MOVES = [(label, control, "key", values) for label, control, event, values in MOVES
+             if event == "input"]
 
 
 def idle(page) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ from servelab import drift
 from servelab.api import (
     load,
     run_llm_load,
+    run_llm_simulate,
     run_llm_validation,
     run_load,
     run_plan,
@@ -26,6 +27,7 @@ __all__ = [
     "load",
     "load_scenario",
     "run_llm_load",
+    "run_llm_simulate",
     "run_llm_validation",
     "run_load",
     "run_plan",

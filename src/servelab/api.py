@@ -117,6 +117,14 @@ def run_validation(spec: Any, **options: Any) -> Any:
     return run(spec, **options)
 
 
+def run_llm_simulate(s: Scenario, *, seed: int = 0) -> Any:
+    """`servelab llm simulate --scenario`: the scenario's [llm] deployment and workload
+    through vLLM V1's scheduler (an LlmServingReport; `.to_dict()` is the --json)."""
+    from servelab.llm.from_scenario import simulate_llm
+
+    return simulate_llm(s, seed=seed)
+
+
 def run_llm_load(endpoint: Any, make_requests: Any, plans: Any, **options: Any) -> Any:
     """Load an OpenAI-compatible LLM server (`measure.llm_load.run_load`): a typed
     `LlmLoadReport`. Async: await it, or asyncio.run it."""

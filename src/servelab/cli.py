@@ -27,6 +27,7 @@ from rich.table import Table
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
 from servelab.errors import InputError, ServelabError, StoreError, cut, invalid
 from servelab.files import check_writable_target
+from servelab.llm.from_scenario import STEP_KEYS, llm_workload, serving_options, simulate_llm
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
 from servelab.scenario import LlmPool, Scenario
@@ -297,9 +298,6 @@ from servelab.measure.llm_cli import validate as llm_validate_command  # noqa: E
 llm_app.command("load")(llm_load_command)
 llm_app.command("validate")(llm_validate_command)
 # the roofline's constants: [llm] keys, llm simulate flags, StepParams fields
-STEP_KEYS = ("compute_efficiency", "memory_efficiency", "overhead_ms",
-             "prefill_first_overhead_ms", "per_seq_ms", "overlap", "allreduce_latency_us",
-             "frontend_ms")
 _LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
              "max_num_batched_tokens": "llm.max_num_batched_tokens",
              "rate": "llm.request_rate", "num_requests": "llm.num_requests",
@@ -341,33 +339,9 @@ StepProfileOpt = Annotated[Path | None, typer.Option(
     "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).")]
 
 
-def _step_profile(s: Scenario, llm: LlmPool) -> Any:
-    from servelab.llm.serving import ProfileStepModel
-
-    path = llm.step_profile_csv
-    if path is None:
-        return None
-    return ProfileStepModel.from_csv(str(s.resolve_path(path, "[llm] step_profile_csv")))
-
-
 LengthsOpt = Annotated[Path | None, typer.Option(
     "--lengths", help="A CSV of prompt_tokens,output_tokens, one row per request (as `kv "
     "paging` reads), instead of --prompt-tokens/--output-tokens ([llm] lengths_csv).")]
-
-
-def _llm_workload(s: Scenario, llm: LlmPool, seed: int) -> Any:
-    from servelab.llm.paging import read_lengths_csv
-    from servelab.llm.serving import MAX_REQUESTS, MAX_TOKENS_PER_REQUEST, Workload
-
-    lengths = None
-    if llm.lengths_csv is not None:
-        lengths = read_lengths_csv(s.resolve_path(llm.lengths_csv, "[llm] lengths_csv"),
-                                   MAX_REQUESTS, "--lengths", MAX_TOKENS_PER_REQUEST)
-    return Workload(lengths=lengths, request_rate=llm.request_rate, num_requests=llm.num_requests,
-                    arrival=llm.arrival, max_concurrency=llm.max_concurrency,
-                    burstiness=llm.burstiness, prompt_tokens=llm.prompt_tokens,
-                    prompt_tokens_p99=llm.prompt_tokens_p99, output_tokens=llm.output_tokens,
-                    output_tokens_p99=llm.output_tokens_p99, seed=seed)
 
 
 def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
@@ -382,18 +356,6 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
     llm = s.llm if s.llm is not None else LlmPool()  # a scenario without [llm]: defaults
     s = replace(s, llm=llm)
     return s, llm, pool_spec(s)
-
-
-def _serving_options(s: Scenario, llm: LlmPool) -> dict[str, Any]:
-    """The scheduler's switches and the step model, as `serve_llm` and `plan_llm` take them."""
-    from servelab.llm.serving import StepParams
-
-    given = {k: getattr(llm, k) for k in STEP_KEYS if getattr(llm, k) is not None}
-    return {"enable_chunked_prefill": llm.enable_chunked_prefill,
-            "enable_prefix_caching": llm.enable_prefix_caching,
-            "prefix_tokens": llm.prefix_tokens, "prefix_hit_share": llm.prefix_hit_share,
-            "step_profile": _step_profile(s, llm), "step_params": StepParams(**given),
-            "prefill_first": llm.scheduler == "prefill-first"}
 
 
 StepOpts = {
@@ -480,13 +442,13 @@ def llm_simulate(
     """Continuous batching under vLLM v1's scheduler: TTFT, TPOT, end-to-end latency,
     tokens per second, preemptions and $ per 1M tokens (roofline or measured step times)."""
     from servelab.llm.fit import vllm_result, write_json
-    from servelab.llm.serving import request_goodput, serve_llm
+    from servelab.llm.serving import request_goodput
     from servelab.measure.llm_metrics import parse_goodput
 
     slo = parse_goodput(goodput or [])
-    s, llm, spec = _llm_spec(dict(locals()))
-    workload = _llm_workload(s, llm, seed)
-    report = serve_llm(spec, workload, replicas=llm.replicas, **_serving_options(s, llm))
+    s, llm, _ = _llm_spec(dict(locals()))
+    workload = llm_workload(s, llm, seed)
+    report = simulate_llm(s, workload=workload)
     d = report.to_dict()
     if slo:
         d["request_goodput"] = request_goodput(report.per_request, slo)
@@ -548,7 +510,7 @@ def llm_fit(
 
     params = dict(locals())
     s, llm, spec = _llm_spec({**params, "seed": 0, "step_profile": None, "lengths": None})
-    opts = _serving_options(s, llm)
+    opts = serving_options(s, llm)
     if len(results) > MAX_RUNS:
         raise invalid("RESULTS", f"{len(results)} files", f"at most {MAX_RUNS} runs",
                       "fit on fewer loads")
@@ -635,9 +597,9 @@ def llm_plan(
 
     s, llm, spec = _llm_spec(dict(locals()))
     ttft_p99_ms, tpot_p99_ms = llm.ttft_p99_slo_ms, llm.tpot_p99_slo_ms
-    result = plan_llm(spec, _llm_workload(s, llm, seed), ttft_p99_ms=ttft_p99_ms,
+    result = plan_llm(spec, llm_workload(s, llm, seed), ttft_p99_ms=ttft_p99_ms,
                       tpot_p99_ms=tpot_p99_ms, max_replicas=max_replicas,
-                      **_serving_options(s, llm))
+                      **serving_options(s, llm))
     d = result.to_dict()
     if as_json:
         _emit_json(d)

@@ -250,7 +250,8 @@ def test_generated_command_lines(cli, argv):  # type: ignore[no-untyped-def]
 SCENARIO_KEYS = {
     "workload": ["qps", "arrival", "cv", "trace_csv", "arrivals_s", "num_requests", "seed"],
     "batching": ["max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size",
-                 "max_queue_size", "default_timeout_microseconds", "instances_per_gpu"],
+                 "max_queue_size", "default_timeout_microseconds", "instances_per_gpu",
+                 "batcher_first", "lost_wakeup"],
     "hardware": ["gpu", "num_gpus", "price_per_gpu_hour", "hbm_bandwidth_tbps"],
     "model": ["kind", "latency_ms", "base_ms", "per_row_ms", "points", "csv", "variability",
               "cv", "flops_per_row", "efficiency", "precision"],

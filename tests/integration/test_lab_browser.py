@@ -14,12 +14,14 @@ import pytest
 
 from tests.browser_support import (
     CHROMIUM_ARGS,
+    KEY_MOVES,
     SETTLED_JS,
     chromium_path,
     first_readout_ms,
     running_lab,
     time_moves,
 )
+from tests.speed import bar_ms, host_slowness
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -135,7 +137,9 @@ def test_first_readouts_paint_within_1_5_s(browser, lab_url):
     """Measured in the page, from navigation to the first read-out's text: the read-outs
     come before plotly.js (4.8 MB) and before the other sections ask for anything."""
     times = [first_readout_ms(browser, lab_url) for _ in range(3)]
-    assert sorted(times)[1] < 1500, times  # the median of three visits
+    bar = bar_ms(1500)
+    print(f"first read-outs: {sorted(times)} ms; bar {bar:.0f} ms (host {host_slowness():.2f}x)")
+    assert sorted(times)[1] < bar, times  # the median of three visits
 
 
 def test_each_readout_follows_its_control_within_100_ms(browser, lab_url):
@@ -145,11 +149,34 @@ def test_each_readout_follows_its_control_within_100_ms(browser, lab_url):
     # the page's start-up is over: its other sections answered, plotly.js drew the charts
     page.wait_for_function(SETTLED_JS, timeout=60_000)
     results = time_moves(page)
+    bar = bar_ms(100)
     for label, times in results.items():
         assert len(times) >= 20, (label, times)
         assert min(times) >= 0, (label, times)  # each move changed the read-out
         p95 = sorted(times)[round(0.95 * (len(times) - 1))]
-        assert p95 < 100, (label, p95, sorted(times))
+        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {host_slowness():.2f}x)")
+        assert p95 < bar, (label, p95, sorted(times))
+    assert watch.errors == []
+    page.close()
+
+
+def test_a_keyboard_step_paints_its_final_figures_within_100_ms(browser, lab_url):
+    """Issue 29: a keyboard step fires input and change together; the final read-outs
+    (not a preview's) paint within 100 ms p95, 25 steps of each slider, one run a step."""
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function(SETTLED_JS, timeout=60_000)
+    updates: list[bool] = []
+    page.on("request", lambda r: r.url.endswith("/api/update") and updates.append(
+        json.loads(r.post_data or "{}").get("preview", False)))
+    results = time_moves(page, KEY_MOVES)
+    bar = bar_ms(100)
+    for label, times in results.items():
+        assert min(times) >= 0, (label, times)
+        p95 = sorted(times)[round(0.95 * (len(times) - 1))]
+        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {host_slowness():.2f}x)")
+        assert p95 < bar, (label, p95, sorted(times))
+    assert not any(updates)  # no preview ran for a key step
+    assert len(updates) == sum(len(v) for v in results.values())  # one update a step
     assert watch.errors == []
     page.close()
 
@@ -164,6 +191,28 @@ def test_phone_width_results_first_and_no_sideways_scroll(browser, lab_url):
     top = "(s) => document.querySelector(s).getBoundingClientRect().top"
     assert page.evaluate(top, "#results") < page.evaluate(top, "#controls")
     assert page.is_visible("a.to-controls")
+    page.close()
+
+
+def test_phone_keeps_warnings_in_view_and_the_controls_one_tap_away(browser, lab_url):
+    """Scrolled to the last chart, a phone still shows the overload warning (held at the
+    top) and the Controls button, which brings the controls into view in one tap."""
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(lab_url + "/?batching.default_timeout_microseconds=1000&workload.qps=50"
+              "&workload.num_requests=3000")
+    wait_ready(page)
+    page.wait_for_selector("#notes:not([hidden])", timeout=30_000)
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    page.wait_for_function("window.scrollY > 2000")
+    rect = "(s) => { const r = document.querySelector(s).getBoundingClientRect(); "\
+           "return [r.top, r.bottom]; }"
+    top, bottom = page.evaluate(rect, "#notes")
+    assert 0 <= top < bottom <= 844, (top, bottom)  # the warning, in view
+    top, bottom = page.evaluate(rect, "a.to-controls")
+    assert 0 <= top < bottom <= 844, (top, bottom)
+    page.click("a.to-controls")
+    page.wait_for_function("Math.abs(document.querySelector('#controls')"
+                           ".getBoundingClientRect().top) < 50")
     page.close()
 
 
@@ -321,6 +370,34 @@ def test_every_chart_has_axis_titles(browser, lab_url):
     assert not watch.errors, watch.errors
 
 
+def test_every_sweep_marks_the_operating_point_and_axes_fit_their_data(browser, lab_url):
+    """Issue 29: a dotted "now" line at the page's value on each sweep; TTFT and TPOT on
+    axes of their own (stacked, from zero), not two scales over one plot; the KV-blocks
+    axis spans what is used, not the whole pool."""
+    page, watch = open_lab(browser, lab_url + "/?workload.qps=2500"
+                           "&batching.max_queue_delay_microseconds=3000")
+    page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
+    for chart in ("chart-window", "chart-qps", "chart-llm-rate", "chart-llm-kv"):
+        page.wait_for_function(f"document.getElementById('{chart}').layout !== undefined",
+                               timeout=60_000)
+
+    def layout(chart: str):  # type: ignore[no-untyped-def]
+        return page.evaluate(f"JSON.parse(JSON.stringify(document.getElementById('{chart}')"
+                             ".layout))")
+
+    assert [sh["x0"] for sh in layout("chart-window")["shapes"]] == [3.0]
+    assert [sh["x0"] for sh in layout("chart-qps")["shapes"]] == [2500]
+    llm = layout("chart-llm-rate")
+    assert [sh["x0"] for sh in llm["shapes"]] == [float(page.input_value("#llm-rate"))]
+    assert "overlaying" not in llm["yaxis2"]
+    assert llm["yaxis"]["rangemode"] == llm["yaxis2"]["rangemode"] == "tozero"
+    top = layout("chart-llm-kv")["yaxis"]["range"][1]
+    used = page.evaluate("Math.max(...document.getElementById('chart-llm-kv').data[0].y)")
+    assert used <= top <= max(used, 1) * 1.15 + 1e-9
+    assert not watch.errors, watch.errors
+    page.close()
+
+
 def test_drift_section_moves_with_its_sliders(browser, lab_url):
     """Features and drift: the PSI read-out equals servelab.drift on the same sample, a
     mean shift raises an alert, a tiny window of an unchanged feature does not, and the
@@ -387,11 +464,83 @@ def test_a_validation_report_draws_over_the_qps_chart(browser, lab_url, tmp_path
     assert measured[1] == [500, 1500, 2400]
     assert measured[2] == [7.8, 11.3, 20.7]
     assert "outside tolerance" in page.text_content("#out-validation")
+    # per-rate errors, predicted against measured: 8.0 vs 7.8 is +3%, 7.8 vs 11.3 -31%
+    assert ("500/s +3%, 1,500/s -31%, 2,400/s -61%"
+            in page.text_content("#out-validation")), page.text_content("#out-validation")
     assert not [u for u in watch.urls[before:] if "/api/" in u]  # read in the page only
+    # it can be removed, and Reset removes it
+    page.click("#btn-validation-remove")
+    page.wait_for_function("!document.getElementById('chart-qps').data.some("
+                           "t => t.name === 'validate: measured p99')", timeout=30_000)
+    assert page.text_content("#out-validation") == ""
+    assert page.is_hidden("#btn-validation-remove")
+    page.set_input_files("#file-validation", str(good))
+    page.wait_for_function("document.getElementById('chart-qps').data.some("
+                           "t => t.name === 'validate: measured p99')", timeout=30_000)
+    page.click("#btn-reset")
+    page.wait_for_function("!document.getElementById('chart-qps').data.some("
+                           "t => t.name === 'validate: measured p99')", timeout=30_000)
     page.set_input_files("#file-validation", str(bad))
     page.wait_for_selector("#error:not([hidden])", timeout=30_000)
     assert "validation file" in page.inner_text("#error")
     assert not watch.errors, watch.errors
+
+
+def test_a_validation_is_drawn_over_the_scenario_it_fitted(browser, lab_url, tmp_path):
+    """validation.json carries the scenario validate fitted (as page state): the page has
+    the server sweep it around the validation's rates and draws that curve under the
+    measured points, whatever the page's own scenario is."""
+    from servelab.api import load
+    from servelab.report import jsonable
+    from servelab.scenario import flatten, scenario_to_dict
+
+    fit = load("seed", {"batching.max_batch_size": 8, "batching.max_queue_delay_microseconds": 500})
+    fit_state = jsonable(flatten(scenario_to_dict(fit)))
+    report = {"model": "demo", "url": "http://127.0.0.1:1", "within_tolerance": True,
+              "fit_state": fit_state,
+              "rates": [{"rate_per_s": r, "compare": {"p99_ms": {"measured": m, "predicted": p}}}
+                        for r, m, p in ((200, 9.0, 8.8), (500, 10.0, 9.7), (800, 12.0, 11.1))]}
+    path = tmp_path / "validation.json"
+    path.write_text(json.dumps(report))
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.querySelector('#chart-qps .main-svg') !== null",
+                           timeout=60_000)
+    page.set_input_files("#file-validation", str(path))
+    page.wait_for_function("document.getElementById('chart-qps').data.some("
+                           "t => t.name === \"validate's fitted scenario: p99\")",
+                           timeout=60_000)
+    trace = page.evaluate("document.getElementById('chart-qps').data.filter("
+                          "t => t.name === \"validate's fitted scenario: p99\")"
+                          ".map(t => [t.x, t.y])[0]")
+    import urllib.request
+
+    body = json.dumps({"state": {**fit_state, "workload.qps": 500}}).encode()
+    req = urllib.request.Request(lab_url + "/api/charts", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        want = json.loads(r.read())["qps_sweep"]
+    assert trace[0] == [row["qps"] for row in want]
+    assert trace[1] == pytest.approx([row["p99_ms"] for row in want])
+    assert min(trace[0]) < 200  # it spans the measured rates
+    assert max(trace[0]) >= 800
+    assert not watch.errors, watch.errors
+    page.close()
+
+
+def post_llm(lab_url: str, query: object) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(lab_url + "/api/llm", json.dumps(query).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())
+
+
+# The LLM pool as Llama 3.1 8B on one H100 (the seed's is 70B on a small KV pool, which
+# saturates near 0.75 requests/s): the LLM serving section's moves stay light.
+LIGHT_LLM = ('?llm.model="llama-3.1-8b"&llm.num_gpus=1&llm.tp=1&llm.kv_dtype="auto"'
+             '&llm.weight_dtype="auto"&llm.gpu_memory_gb=null&llm.weights_gb=null'
+             '&llm.request_rate=5')
 
 
 def test_llm_section_runs_the_simulator_and_follows_its_sliders(browser, lab_url):
@@ -400,18 +549,12 @@ def test_llm_section_runs_the_simulator_and_follows_its_sliders(browser, lab_url
     first = page.text_content("#out-llm-tps")
     assert first
     assert int(first.replace(",", "")) > 0
-    body = json.dumps({"model": "llama-3.1-8b", "gpu": "H100-SXM", "kv_dtype": "auto",
-                       "tp": 1, "replicas": 1, "rate": 5, "prompt_tokens": 512,
-                       "output_tokens": 256, "max_num_seqs": 256,
-                       "max_num_batched_tokens": 8192}).encode()
-    import urllib.request
-
-    req = urllib.request.Request(lab_url + "/api/llm", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req) as r:
-        want = json.loads(r.read())
+    # the page's one deployment: the sidebar's pool (the seed's 70B on 2 GPUs, tp 2)
+    assert "llama-3-70b on 1 × 2 H100-SXM" in page.text_content("#llm-deployment")
+    want = post_llm(lab_url, page.evaluate("llmQuery()"))
     assert json.loads(page.get_attribute("#out-llm-ttft", "data-value")) == pytest.approx(
         want["ttft_ms"]["p99"])
-    page.fill("#llm-rate", "20")
+    page.fill("#llm-rate", "0.25")
     page.dispatch_event("#llm-rate", "change")
     page.wait_for_function(f"document.querySelector('#out-llm-tps').textContent !== '{first}'",
                            timeout=60_000)
@@ -422,6 +565,166 @@ def test_llm_section_runs_the_simulator_and_follows_its_sliders(browser, lab_url
     assert not watch.errors, watch.errors
 
 
+# One move of an LLM slider: its input event (a drag's move) to the preview's read-outs,
+# then its change event (the release) to the final read-outs and the section idle.
+LLM_MOVE_JS = """
+async ([id, value]) => {
+  const el = document.querySelector(id);
+  const cards = document.querySelector('#llm-cards');
+  const status = document.querySelector('#llm-status');
+  const tps = document.querySelector('#out-llm-tps');
+  const wait = (ok) => new Promise((resolve) => {
+    const t0 = performance.now();
+    const tick = () => ok() ? requestAnimationFrame(() => resolve(performance.now() - t0))
+                            : (performance.now() - t0 > 20000 ? resolve(-1) : setTimeout(tick, 1));
+    tick();
+  });
+  const before = tps.textContent;
+  el.value = String(value);
+  el.dispatchEvent(new Event('input', { bubbles: true }));
+  const preview = await wait(() => cards.dataset.preview === '1' && tps.textContent !== before);
+  el.dispatchEvent(new Event('change', { bubbles: true }));
+  const final = await wait(() => cards.dataset.preview === '' && status.textContent === '');
+  return [preview, final];
+}
+"""
+
+
+def test_the_llm_section_previews_a_drag_and_answers_its_release_within_1_s(browser,
+                                                                             lab_url):
+    """Issue 29: the LLM section answers like the rest: while a slider is dragged a
+    preview (faded, marked) within 100 ms p95; on release the final figures within 1 s."""
+    page, watch = open_lab(browser, lab_url + LIGHT_LLM)
+    page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
+    previews, finals = [], []
+    for k in range(25):
+        page.wait_for_function("document.querySelector('#llm-status').textContent === ''",
+                               timeout=60_000)
+        p, f = page.evaluate(LLM_MOVE_JS, ["#llm-rate", 5.5 + 0.5 * k])
+        previews.append(p)
+        finals.append(f)
+    print(f"LLM slider: preview p50 {sorted(previews)[12]:.0f} p95 {sorted(previews)[23]:.0f} "
+          f"ms; final p50 {sorted(finals)[12]:.0f} p95 {sorted(finals)[23]:.0f} ms; bars "
+          f"{bar_ms(100):.0f} and {bar_ms(1000):.0f} ms (host {host_slowness():.2f}x)")
+    assert min(previews) >= 0
+    assert min(finals) >= 0
+    assert sorted(previews)[23] < bar_ms(100), sorted(previews)  # p95 of 25
+    assert sorted(finals)[23] < bar_ms(1000), sorted(finals)
+    assert page.input_value("#llm-rate-n") == "17.5"
+    # a typed value moves the slider and runs
+    page.fill("#llm-rate-n", "12")
+    page.dispatch_event("#llm-rate-n", "change")
+    page.wait_for_function("document.querySelector('#llm-rate').value === '12' && "
+                           "document.querySelector('#llm-status').textContent === ''",
+                           timeout=60_000)
+    assert not watch.errors, watch.errors
+    page.close()
+
+
+def test_a_link_restores_the_llm_and_drift_sections_and_reset_resets_them(browser, lab_url):
+    """Issue 29: the LLM serving section's controls are [llm] keys of the page's state and
+    the drift section's are drift.* in the link; a fresh page from it shows the same
+    read-outs; Reset puts every section back."""
+    page, watch = open_lab(browser, lab_url)
+    page.wait_for_function("document.body.dataset.llmReady === '1' && "
+                           "document.body.dataset.driftReady === '1'", timeout=60_000)
+    first_tps = page.text_content("#out-llm-tps")
+    page.fill("#llm-rate", "0.25")
+    page.dispatch_event("#llm-rate", "change")
+    page.wait_for_function(f"document.querySelector('#out-llm-tps').textContent !== "
+                           f"'{first_tps}' && document.querySelector('#llm-status')"
+                           ".textContent === ''", timeout=60_000)
+    first_psi = page.text_content("#out-drift-status")
+    page.fill("#drift-shift", "1")
+    page.wait_for_function(f"document.querySelector('#out-drift-status').textContent !== "
+                           f"'{first_psi}'", timeout=60_000)
+    page.wait_for_function("location.search.includes('llm.request_rate=0.25') && "
+                           "location.search.includes('drift.shift=1')", timeout=30_000)
+    llm = page.text_content("#out-llm-tps")
+    drift = page.text_content("#out-drift-status")
+    other, _ = open_lab(browser, page.url)
+    other.wait_for_function("document.body.dataset.llmReady === '1' && "
+                            "document.body.dataset.driftReady === '1'", timeout=60_000)
+    assert other.input_value("#llm-rate") == "0.25"
+    assert other.input_value("#llm-rate-n") == "0.25"
+    assert other.input_value("#drift-shift") == "1"
+    other.wait_for_function(f"document.querySelector('#out-drift-status').textContent === "
+                            f"'{drift}'", timeout=30_000)
+    assert other.text_content("#out-llm-tps") == llm
+    other.close()
+    page.click("#btn-reset")
+    page.wait_for_function("!location.search.includes('llm.') && "
+                           "!location.search.includes('drift.')", timeout=60_000)
+    assert page.input_value("#llm-rate") == "0.5"
+    assert page.input_value("#drift-shift") == "0"
+    assert not watch.errors, watch.errors
+    page.close()
+
+
+def test_one_llm_deployment_per_page_and_its_export_runs_the_same_in_the_cli(browser, lab_url,
+                                                                             tmp_path):
+    """Issue 29: the sidebar's LLM pool is the deployment the LLM serving section runs
+    (more GPUs: more replicas); the section's controls are [llm] keys of the page's state,
+    so the exported TOML holds them and `servelab llm simulate --scenario` of it gives the
+    section's figures."""
+    page, watch = open_lab(browser, lab_url + LIGHT_LLM)
+    page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
+    assert "llama-3.1-8b on 1 × 1 H100-SXM" in page.text_content("#llm-deployment")
+    page.fill("#c-llm-num-gpus", "2")
+    page.dispatch_event("#c-llm-num-gpus", "change")
+    page.wait_for_function("document.querySelector('#llm-deployment').textContent"
+                           ".includes('on 2 × 1 H100-SXM')", timeout=60_000)
+    page.fill("#llm-rate", "8")
+    page.dispatch_event("#llm-rate", "change")
+    page.wait_for_function("LLM.sweep && LLM.sweep[3].rate === 8 && "
+                           "document.querySelector('#llm-status').textContent === ''",
+                           timeout=60_000)
+    settle(page)
+    page.wait_for_function("last.update.toml.includes('request_rate = 8.0')", timeout=30_000)
+    with page.expect_download() as dl:
+        page.click("#btn-export")
+    path = tmp_path / "llm.toml"
+    dl.value.save_as(path)
+    text = path.read_text()
+    assert "replicas = 2" in text
+    assert "request_rate = 8.0" in text
+    shown = page.evaluate("LLM.last")
+    out = subprocess.run([sys.executable, "-m", "servelab", "llm", "simulate", "--scenario",
+                          str(path), "--num-requests", str(shown["requests_simulated"]),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    cli = json.loads(out.stdout)
+    assert (cli["replicas"], cli["tp"], cli["model"]) == (2, 1, "llama-3.1-8b")
+    for key in ("ttft_ms", "tpot_ms"):
+        assert cli[key]["p99"] == pytest.approx(shown[key]["p99"]), key
+    assert cli["output_tokens_per_s"] == pytest.approx(shown["output_tokens_per_s"])
+    assert not watch.errors, watch.errors
+    page.close()
+
+
+def test_an_llm_error_names_the_sections_control_and_clears_when_fixed(browser, lab_url):
+    """Issue 29: the simulator's message names a CLI flag (--tp); the section says it in
+    the page's words, marks the control (the sidebar's LLM pool holds tensor parallel),
+    and clears both once the value is fixed."""
+    page, watch = open_lab(browser, lab_url + LIGHT_LLM + "&llm.num_gpus=3")
+    page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
+    page.fill("#c-llm-tp", "3")
+    page.dispatch_event("#c-llm-tp", "change")
+    page.wait_for_selector("#llm-error:not([hidden])", timeout=60_000)
+    text = page.text_content("#llm-error")
+    assert text.startswith("Tensor parallel = 3: expected a divisor"), text
+    assert "use Tensor parallel 2" in text  # (Llama 3.1 8B's 32 heads)
+    assert "--" not in text
+    assert page.get_attribute("#c-llm-tp", "aria-invalid") == "true"
+    assert page.is_hidden("#error")  # the pool itself is fine: the section's own line
+    page.fill("#c-llm-tp", "1")
+    page.dispatch_event("#c-llm-tp", "change")
+    page.wait_for_selector("#llm-error", state="hidden", timeout=60_000)
+    assert page.get_attribute("#c-llm-tp", "aria-invalid") is None
+    assert [e for e in watch.errors if "400" not in e] == []  # (the refused runs' 400s)
+    page.close()
+
+
 def test_an_llm_validation_drives_the_llm_section(browser, lab_url):
     """llm validate's report (the real one kept in docs/runs), read in the page: the
     section's simulator runs on that server's fitted step model and limits, the figures
@@ -430,7 +733,7 @@ def test_an_llm_validation_drives_the_llm_section(browser, lab_url):
     report = Path(__file__).resolve().parents[2] / "docs" / "runs" / \
         "2026-12-01-llm-validate-llama-server.json"
     data = json.loads(report.read_text())
-    page, watch = open_lab(browser, lab_url)
+    page, watch = open_lab(browser, lab_url + LIGHT_LLM)  # a pool the roofline can serve
     page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
     before = page.get_attribute("#out-llm-ttft", "data-value")
     page.set_input_files("#file-llm-validation", str(report))
@@ -444,16 +747,76 @@ def test_an_llm_validation_drives_the_llm_section(browser, lab_url):
     assert measured[1] == [r["offered_per_s"] for r in data["rates"]]
     assert measured[2] == [next(f["measured"] for f in r["figures"]
                                 if f["name"] == "TTFT p99 (ms)") for r in data["rates"]]
+    page.wait_for_function("document.querySelector('#llm-status').textContent === ''",
+                           timeout=60_000)
     query = page.evaluate("llmQuery()")
     assert query["fitted"]["base_ms"] == data["profile"]["step_model"]["base_ms"]
-    assert query["max_num_seqs"] == data["limits"]["slots"]
-    import urllib.request
-
-    req = urllib.request.Request(lab_url + "/api/llm", json.dumps(query).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req) as r:
-        want = json.loads(r.read())
+    assert query["state"]["llm.max_num_seqs"] == data["limits"]["slots"]
+    assert query["state"]["llm.tp"] == query["state"]["llm.num_gpus"] == 1
+    assert page.input_value("#c-llm-tp") == "1"  # the validated server is the deployment
+    want = post_llm(lab_url, query)
     assert json.loads(page.get_attribute("#out-llm-ttft", "data-value")) == pytest.approx(
         want["ttft_ms"]["p99"])
-    assert "fitted" in page.text_content("#out-llm-validation")
+    shown = page.text_content("#out-llm-validation")
+    assert "fitted" in shown
+    first = data["rates"][0]
+    ttft = next(f for f in first["figures"] if f["name"] == "TTFT p99 (ms)")
+    err = (ttft["predicted"] - ttft["measured"]) / ttft["measured"] * 100
+    assert f"{first['offered_per_s']:.2f}/s TTFT {'+' if err >= 0 else ''}{err:.0f}%" in shown
+    # removed: back to the roofline, no measured points
+    page.click("#btn-llm-validation-remove")
+    page.wait_for_function("!document.getElementById('chart-llm-rate').data.some("
+                           "t => t.name === 'validate: measured TTFT p99')", timeout=60_000)
+    assert page.text_content("#out-llm-validation") == ""
+    assert "fitted" not in page.evaluate("llmQuery()")
     assert not watch.errors, watch.errors
+
+
+def _range_point(page, range_id: str, fraction: float) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    box = page.locator(f"#{range_id}").bounding_box()
+    assert box is not None, range_id
+    return box["x"] + 8 + (box["width"] - 16) * fraction, box["y"] + box["height"] / 2
+
+
+@pytest.mark.parametrize("key", ["workload.qps", "batching.max_queue_delay_microseconds"])
+def test_a_mouse_click_or_drag_leaves_the_state_its_final_value_gives(browser, lab_url,
+                                                                      tmp_path, key):
+    # A slider moved by the mouse runs previews (smaller runs) while the button is down.
+    # Whatever the timing, the page's state afterwards is the one the slider's final value
+    # gives: the preview's reduced request count never reaches the state, the link or Export.
+    page, watch = open_lab(browser, lab_url)
+    range_id = "c-" + key.replace(".", "-").replace("_", "-") + "-range"
+    page.locator(f"#{range_id}").scroll_into_view_if_needed()
+    # A click held long enough for the preview to come back before the button is let go.
+    page.mouse.move(*_range_point(page, range_id, 0.3))
+    page.mouse.down()
+    page.wait_for_function("document.querySelector('#results').dataset.preview === '1'",
+                           timeout=30_000)
+    settle(page)
+    page.mouse.up()
+    settle(page)
+    # A drag: several moves, each answered by a preview, then let go.
+    page.mouse.move(*_range_point(page, range_id, 0.4))
+    page.mouse.down()
+    for f in (0.45, 0.5, 0.55):
+        page.mouse.move(*_range_point(page, range_id, f), steps=3)
+        settle(page)
+    page.mouse.up()
+    settle(page)
+    final = page.input_value(f"#{range_id}")
+    assert page.get_attribute("#results", "data-preview") == ""
+    assert page.input_value("#c-workload-num-requests") == "200000"
+    changed = {p.split("=", 1)[0] for p in urlparse(page.url).query.split("&")}
+    assert changed == {key}, page.url
+    with page.expect_download() as dl:
+        page.click("#btn-export")
+    path = tmp_path / "dragged.toml"
+    dl.value.save_as(path)
+    assert "num_requests = 200000" in path.read_text()
+    got = readouts(page)
+    fresh, _ = open_lab(browser, f"{lab_url}/?{key}={final}")
+    assert readouts(fresh) == got
+    assert got["out-served"] == 200_000
+    assert watch.errors == []
+    fresh.close()
+    page.close()

@@ -100,6 +100,20 @@ def test_a_preview_update_is_smaller_says_so_and_the_full_one_is_not(client):
     assert any(n.startswith("preview while the slider moves") for n in prev["notes"])
     assert full["preview"] is False
     assert full["simulate"]["requests"]["arrivals"] == state["workload.num_requests"]
+    # The preview's smaller run is in its read-outs only: the state and the TOML it hands
+    # back are the scenario asked for, so a page that adopts them keeps the full size.
+    assert prev["state"] == full["state"]
+    assert prev["state"]["workload.num_requests"] == state["workload.num_requests"]
+    assert prev["toml"] == full["toml"]
+
+
+def test_a_capped_update_says_so_and_keeps_the_asked_size_in_its_state(client):
+    state = {**default_state(), "workload.num_requests": 4_000_000, "workload.qps": 40_000.0}
+    out = client.post("/api/update", json={"state": state}).json()
+    assert out["simulate"]["requests"]["arrivals"] == 200_000
+    assert any("at most 200,000 requests" in n for n in out["notes"])
+    assert out["state"]["workload.num_requests"] == 4_000_000
+    assert "num_requests = 4000000" in out["toml"]
 
 
 def test_plotly_is_served_compressed_and_cached(client):

@@ -377,37 +377,65 @@ def test_drift_meta_names_the_example_features_and_parity(client):
     assert d["parity"]["rows_checked"] > 0
 
 
+# The LLM section's state: the seed's, over an 8B pool on one GPU (the seed's 70B pool
+# saturates near 0.75 requests/s), as the page would send it.
+LIGHT = {"llm.model": "llama-3.1-8b", "llm.num_gpus": 1, "llm.tp": 1, "llm.kv_dtype": "auto",
+         "llm.weight_dtype": "auto", "llm.gpu_memory_gb": None, "llm.weights_gb": None}
+
+
+def llm_state(**keys: object) -> dict:  # type: ignore[type-arg]
+    from servelab.lab.server import default_state
+
+    return {**default_state(), **LIGHT, **keys}
+
+
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.fixed_dictionaries({}, optional={
-    "model": st.one_of(st.sampled_from(["llama-3.1-8b", "../../etc/passwd", "/etc/hosts"]),
-                       st.text(max_size=20)),
-    "gpu": st.one_of(st.sampled_from(["H100-SXM", "A100-40GB"]), st.text(max_size=10)),
-    "kv_dtype": st.sampled_from(["auto", "fp8", "bogus"]),
-    "tp": st.integers(-2, 100), "replicas": st.integers(-1, 100),
-    "rate": st.one_of(st.floats(allow_nan=False, allow_infinity=False),
-                      st.integers(-5, 20_000)),
-    "prompt_tokens": st.integers(-1, 40_000), "output_tokens": st.integers(-1, 10_000),
-    "max_num_seqs": st.integers(0, 5_000), "max_num_batched_tokens": st.integers(0, 200_000),
-    "fitted": st.one_of(st.none(), st.text(max_size=5), st.fixed_dictionaries(
-        {k: st.floats(-1, 2e5, allow_nan=False) for k in (
-            "base_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")},
-        optional={"overhead_ms": st.floats(-1, 1e6, allow_nan=False),
-                  "num_blocks": st.integers(-1, 20_000_000), "label": st.text(max_size=300)}))}))
-def test_llm_endpoint_takes_any_body_in_bounded_time(client, body):
+@given(llm=st.fixed_dictionaries({}, optional={
+    "llm.model": st.one_of(st.sampled_from(["llama-3.1-8b", "../../etc/passwd", "/etc/hosts"]),
+                           st.text(max_size=20)),
+    "llm.gpu": st.one_of(st.sampled_from(["H100-SXM", "A100-40GB"]), st.text(max_size=10)),
+    "llm.kv_dtype": st.sampled_from(["auto", "fp8", "bogus"]),
+    "llm.tp": st.integers(-2, 100), "llm.num_gpus": st.integers(-1, 2000),
+    "llm.request_rate": st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                                  st.integers(-5, 20_000)),
+    "llm.num_requests": st.integers(-1, 10**9),
+    "llm.prompt_tokens": st.integers(-1, 400_000), "llm.output_tokens": st.integers(-1, 100_000),
+    "llm.prompt_tokens_p99": st.integers(-1, 400_000),
+    "llm.max_num_seqs": st.integers(0, 5_000),
+    "llm.max_num_batched_tokens": st.integers(0, 200_000),
+    "llm.max_concurrency": st.integers(-1, 100_000), "llm.burstiness": st.floats(-1, 100),
+    "llm.lengths_csv": st.sampled_from(["/etc/passwd", "x.csv"]),
+    "llm.step_profile_csv": st.sampled_from(["/etc/hosts", "steps.csv"])}),
+    extra=st.fixed_dictionaries({}, optional={
+        "preview": st.one_of(st.booleans(), st.text(max_size=3)),
+        "model": st.text(max_size=5),  # a field the section does not take
+        "sweep": st.booleans(),
+        "fitted": st.one_of(st.none(), st.text(max_size=5), st.fixed_dictionaries(
+            {k: st.floats(-1, 2e5, allow_nan=False) for k in (
+                "base_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")},
+            optional={"overhead_ms": st.floats(-1, 1e6, allow_nan=False),
+                      "num_blocks": st.integers(-1, 20_000_000),
+                      "label": st.text(max_size=300)}))}))
+def test_llm_endpoint_takes_any_body_in_bounded_time(client, opened, llm, extra):
     with bounded_work(20):
-        r = client.post("/api/llm", json=body)
+        r = client.post("/api/llm", json={"state": llm_state(**llm), **extra})
     if r.status_code == 200:
         d = r.json()
-        assert d["requests"]["served"] + d["requests"]["rejected"] == d["requests"]["arrived"]
-        assert len(d["sweep"]) == 6
+        if extra.get("sweep"):
+            assert len(d["sweep"]) == 6
+        else:
+            assert d["requests"]["served"] + d["requests"]["rejected"] == (
+                d["requests"]["arrived"])
+            assert d["requests_simulated"] <= 2_000
     else:
         assert_json_error(r, 400)
+    assert not [p for p in opened if "passwd" in p or p.endswith("hosts")]
 
 
 def test_llm_model_names_only_never_a_path(client, opened):
     for name in ("/etc/hosts", "../../../etc/passwd", "config.json"):
-        r = client.post("/api/llm", json={"model": name})
+        r = client.post("/api/llm", json={"state": llm_state(**{"llm.model": name})})
         assert "model" in assert_json_error(r, 400)
     assert not [p for p in opened if "passwd" in p or p.endswith("hosts") or
                 p.endswith("config.json")]
@@ -417,19 +445,36 @@ def test_llm_endpoint_runs_a_validated_servers_fit(client):
     """The page sends llm validate's fit; the section's figures are the simulator's on
     that step model and pool, with the time outside the steps added to TTFT, as validate
     adds it."""
-    from servelab.lab.llm_lab import LlmIn, run
+    from servelab.lab.llm_lab import LlmFit, run
+    from servelab.lab.server import _scenario
 
     fit = {"base_ms": 9.5, "per_prefill_token_ms": 1.14, "per_decode_seq_ms": 1.6,
            "per_kv_token_ms": 0.0077, "overhead_ms": 6.0, "num_blocks": 256, "label": "x"}
-    body = {"rate": 1.0, "prompt_tokens": 128, "output_tokens": 32, "max_num_seqs": 4,
-            "max_num_batched_tokens": 2048}
-    fitted = client.post("/api/llm", json={**body, "fitted": fit}).json()
-    plain = run(LlmIn.model_validate({**body, "fitted": {**fit, "overhead_ms": 0.0}}))
+    state = llm_state(**{"llm.request_rate": 1.0, "llm.prompt_tokens": 128,
+                         "llm.output_tokens": 32, "llm.max_num_seqs": 4,
+                         "llm.max_num_batched_tokens": 2048})
+    fitted = client.post("/api/llm", json={"state": state, "fitted": fit}).json()
+    plain = run(_scenario(state, None), LlmFit(**{**fit, "overhead_ms": 0.0}))
     assert fitted["ttft_ms"]["p50"] == pytest.approx(plain["ttft_ms"]["p50"] + 6.0)
     assert fitted["tpot_ms"]["p50"] == pytest.approx(plain["tpot_ms"]["p50"])
     assert fitted["num_blocks_per_replica"] == 256
     assert fitted["step_model"]["kind"] == "profile"
-    roofline = client.post("/api/llm", json=body).json()
+    roofline = client.post("/api/llm", json={"state": state}).json()
     assert roofline["step_model"]["kind"] != "profile"
-    bad = client.post("/api/llm", json={**body, "fitted": {**fit, "base_ms": -1}})
+    bad = client.post("/api/llm", json={"state": state, "fitted": {**fit, "base_ms": -1}})
     assert "base_ms" in assert_json_error(bad, 400)
+
+
+def test_an_llm_preview_is_smaller_says_so_and_leaves_the_sweep(client):
+    body = {"state": llm_state(**{"llm.request_rate": 5.0})}
+    full = client.post("/api/llm", json=body).json()
+    prev = client.post("/api/llm", json={**body, "preview": True}).json()
+    assert full["preview"] is False
+    assert "sweep" not in full  # the chart's sweep is a request of its own
+    assert len(client.post("/api/llm", json={**body, "sweep": True}).json()["sweep"]) == 6
+    assert prev["preview"] is True
+    from servelab.lab.llm_lab import PREVIEW_SHARE
+
+    assert prev["requests_simulated"] == full["requests_simulated"] // PREVIEW_SHARE
+    assert prev["requests"]["arrived"] == prev["requests_simulated"]
+    assert any(n.startswith("preview while the slider moves") for n in prev["notes"])

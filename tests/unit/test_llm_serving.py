@@ -408,7 +408,8 @@ def test_the_scenario_holds_the_serving_workload_and_flags_override_it(tmp_path)
     import subprocess
     import sys
 
-    seed_toml = (Path(__file__).resolve().parents[2] / "src/servelab/data/seed.toml").read_text()
+    seed_toml = (Path(__file__).resolve().parents[2] / "src/servelab/data/seed.toml"
+                 ).read_text().replace("\nrequest_rate = 0.5\n", "\n")  # set below
     _write_profile(tmp_path / "steps.csv", [(p, d, 0, 2.0 + 0.05 * p + 0.1 * d)
                                            for p in (0, 128, 512) for d in (0, 4, 16) if p or d])
     (tmp_path / "s.toml").write_text(seed_toml.replace("[llm]", """[llm]

@@ -34,8 +34,9 @@ from servelab.files import parse_toml
 from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
 from servelab.lab import background
 from servelab.lab.drift_lab import DriftIn, DriftLab
-from servelab.lab.llm_lab import LlmIn
+from servelab.lab.llm_lab import LlmIn, one_deployment
 from servelab.lab.llm_lab import run as run_llm
+from servelab.lab.llm_lab import sweep as sweep_llm
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec
@@ -214,20 +215,24 @@ def _sim_plan(s: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @lru_cache(maxsize=128)
-def _update(s: Scenario, caps: tuple[str, ...]) -> dict[str, Any]:
+def _update(s: Scenario, caps: tuple[str, ...], asked: Scenario) -> dict[str, Any]:
+    """The read-outs of `s` (the scenario within the lab's caps); the state and the TOML are
+    `asked`'s, so a cap or a preview never becomes what the page holds, links or exports."""
     sim_d, plan = _sim_plan(_batching_part(s))
     kv = kv_report(pool_spec(s)).to_dict() if s.llm is not None else None
     notes = [*caps, *sim_d["notes"]]
     notes += [n for n in plan["notes"] if n not in notes]
     if kv is not None:
         notes += [f"KV pool: {n}" for n in kv["notes"]]
+    if asked.llm is not None:  # one deployment: [llm] replicas as the pool's GPUs give them
+        asked = one_deployment(asked)
     return {  # the Report names the whole scenario, its LLM pool included
         "simulate": {**sim_d, "scenario": jsonable(scenario_to_dict(s))},
         "plan": {k: v for k, v in plan.items() if k != "notes"},
         "kv": kv,
         "notes": notes,
-        "toml": scenario_to_toml(s),
-        "state": flatten(scenario_to_dict(s)),
+        "toml": scenario_to_toml(asked),
+        "state": flatten(scenario_to_dict(asked)),
     }
 
 
@@ -318,8 +323,11 @@ def _scenario(state: dict[str, Any], data_dir: str | None) -> Scenario:
 
 
 @lru_cache(maxsize=64)
-def _llm(query_json: str) -> dict[str, Any]:
-    return run_llm(LlmIn.model_validate_json(query_json))
+def _llm(query_json: str, data_dir: str | None) -> dict[str, Any]:
+    """The LLM section's answer for the page's state (none: the seed's)."""
+    q = LlmIn.model_validate_json(query_json)
+    s = _scenario(q.state or default_state(), data_dir)
+    return sweep_llm(s, q.fitted) if q.sweep else run_llm(s, q.fitted, q.preview)
 
 
 def warm(app: FastAPI) -> None:
@@ -327,9 +335,10 @@ def warm(app: FastAPI) -> None:
     charts, paging replay, the seed table, the LLM and drift sections' defaults), so a
     first visit paints at once; it also loads the simulator's compiled code."""
     s = _scenario(default_state(), app.state.config.data_dir)
-    _llm(LlmIn.model_validate({}).model_dump_json())  # the page's first query
+    for first in (LlmIn(state=default_state()), LlmIn(state=default_state(), sweep=True)):
+        _llm(first.model_dump_json(), app.state.config.data_dir)  # the page's first queries
     app.state.drift_lab.ready()
-    _update(*_capped(s))
+    _update(*_capped(s), s)
     _charts(_capped(s)[0])
     _paging(_pool_part(s), PAGING_REQUESTS, None, 0)  # the arguments the page sends
     _seed_rows()
@@ -420,7 +429,7 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
         full = scenario(body.state)
         for n in PREVIEW_STEPS if body.preview else (0,):
             s, caps = _capped(full, n)
-            out = _update(s, caps)
+            out = _update(s, caps, full)
             lat = out["simulate"]["latency"]
             if not body.preview or _precise(lat["p99_ms"], lat["p99_interval_ms"]):
                 break
@@ -442,7 +451,7 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
 
     @app.post("/api/llm")
     def llm(body: LlmIn) -> Response:
-        return json_response(_llm(body.model_dump_json()))
+        return json_response(_llm(body.model_dump_json(), cfg.data_dir))
 
     @app.get("/api/drift/meta")
     def drift_meta() -> Response:

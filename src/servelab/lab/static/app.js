@@ -137,8 +137,20 @@ function buildControl(c) {
     const num = row.querySelector('input[type="number"]');
     // While a slider moves only the read-outs follow (one request per move); the sweeps
     // behind the charts are redrawn when it is let go.
-    range.addEventListener("input", () => { num.value = range.value; dragging = true; set(c.key, Number(range.value), false); });
-    range.addEventListener("change", () => { dragging = false; schedule(true); });
+    // A key press fires input and change in one task: the full run alone answers it.
+    // A drag fires input alone until release: a preview answers each move, left to a
+    // later task so that a change arriving with the input cancels it.
+    range.addEventListener("input", () => {
+      num.value = range.value;
+      state[c.key] = Number(range.value);
+      clearTimeout(previewTimer);
+      previewTimer = setTimeout(() => { dragging = true; schedule(false); }, 0);
+    });
+    range.addEventListener("change", () => {
+      clearTimeout(previewTimer);
+      dragging = false;
+      set(c.key, Number(range.value));
+    });
     num.addEventListener("change", () => { range.value = num.value; set(c.key, Number(num.value)); });
   }
   return row;
@@ -217,6 +229,7 @@ function applyPreset(name) {
 
 let wantCharts = true;
 let dragging = false;  // a slider is moving: read-outs come from a smaller preview run
+let previewTimer = null;  // a slider's preview, until a change in the same task cancels it
 
 function set(key, value, charts = true) {
   state[key] = value;
@@ -243,7 +256,7 @@ async function refresh() {
   const sent = { ...state };
   $("#status").textContent = "computing…";
   try {
-    const poolChanged = JSON.stringify(pick(sent, "llm.", "hardware.gpu")) !== JSON.stringify(last.poolKey);
+    const poolChanged = JSON.stringify(deploymentKey(sent)) !== JSON.stringify(last.poolKey);
     const withCharts = wantCharts || !last.charts;
     wantCharts = false;
     const preview = dragging;
@@ -253,10 +266,14 @@ async function refresh() {
     last.charts = charts;
     // Adopt the server's normalised state (e.g. "h100" -> "H100-SXM") unless the user
     // changed something while this request was in flight.
-    if (!dirty) state = { ...upd.state, ...pickModel(state) };
+    // (The LLM section's sliders write the state between updates: theirs are kept.)
+    if (!dirty) state = { ...upd.state, ...pickModel(state), ...pickServing(state) };
     if (poolChanged) {  // the paging replay runs in the background: read-outs never wait
-      last.poolKey = pick(sent, "llm.", "hardware.gpu");
+      last.poolKey = deploymentKey(sent);
       refreshPaging(sent, last.poolKey);
+      // the LLM section serves this deployment; a validated server's fit was of another
+      if (LLM.fitted && JSON.stringify(last.poolKey) !== LLM.fitKey) removeLlmValidation(false);
+      if (sectionsStarted) llmSoon();
     }
     clearError();
     $("#results").dataset.preview = upd.preview ? "1" : "";
@@ -358,6 +375,12 @@ function pick(obj, prefix, extra) {
   return out;
 }
 
+function pickServing(obj) {  // the LLM section's own keys
+  const out = {};
+  for (const k of Object.keys(obj)) if (SERVING_KEYS.has(k)) out[k] = obj[k];
+  return out;
+}
+
 function pickModel(obj) {  // keep the fields of other service-time kinds while the user switches
   const out = {};
   for (const k of Object.keys(obj)) if (k.startsWith("model.")) out[k] = obj[k];
@@ -445,21 +468,27 @@ function drawCharts() {
   // The sweeps run fewer requests per point than the cards: say so beside them.
   const n = last.charts.requests_per_point;
   for (const el of document.querySelectorAll(".chart-n")) el.textContent = `(each point ${fmt(n, "int")} simulated requests; the cards above ${fmt(last.update.simulate.requests.arrivals, "int")})`;
-  if (changed("window", w)) plot("chart-window", [
+  const now = last.update.state;  // the operating point: the state these charts are for
+  if (changed("window", w, now["batching.max_queue_delay_microseconds"])) plot("chart-window", [
     { name: "p50 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p50_ms), mode: "lines+markers" },
     { name: "p99 ms", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.p99_ms), mode: "lines+markers" },
     { name: "throughput capacity (req/s)", x: w.map((r) => r.max_queue_delay_us / 1000), y: w.map((r) => r.capacity_per_s), yaxis: "y2", mode: "lines", line: { dash: "dot" } },
-  ], { ...LAYOUT, xaxis: { title: { text: "batch window (ms)" } }, yaxis: { title: { text: "ms" } }, yaxis2: { title: { text: "req/s" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
+  ], { ...LAYOUT, xaxis: { title: { text: "batch window (ms)" } }, yaxis: { title: { text: "ms" }, rangemode: "tozero" }, yaxis2: { title: { text: "req/s" }, overlaying: "y", side: "right", rangemode: "tozero" },
+    ...operatingPoint(now["batching.max_queue_delay_microseconds"] / 1000) }, CONFIG);
   const q = last.charts.qps_sweep;
   const v = last.validation;
-  if (changed("qps", q, v)) plot("chart-qps", [
+  if (changed("qps", q, v, v && v.fitted, now["workload.qps"])) plot("chart-qps", [
     { name: "GPU busy", x: q.map((r) => r.qps), y: q.map((r) => r.busy_fraction), mode: "lines+markers" },
     { name: "p99 ms", x: q.map((r) => r.qps), y: q.map((r) => r.p99_ms), yaxis: "y2", mode: "lines+markers" },
     ...(v ? [
       { name: "validate: measured p99", x: v.rate, y: v.measured, yaxis: "y2", mode: "markers", marker: { symbol: "x", size: 10, color: "#222" } },
       { name: "validate: predicted p99", x: v.rate, y: v.predicted, yaxis: "y2", mode: "lines", line: { dash: "dash", color: "#c0392b" } },
     ] : []),
-  ], { ...LAYOUT, xaxis: { title: { text: "offered load (requests/s)" } }, yaxis: { title: { text: "GPU busy" }, tickformat: ".0%", range: [0, 1.05] }, yaxis2: { title: { text: "p99 ms" }, overlaying: "y", side: "right" } }, CONFIG);
+    ...(v && v.fitted ? [
+      { name: "validate's fitted scenario: p99", x: v.fitted.map((r) => r.qps), y: v.fitted.map((r) => r.p99_ms), yaxis: "y2", mode: "lines", line: { dash: "dot", color: "#222" } },
+    ] : []),
+  ], { ...LAYOUT, xaxis: { title: { text: "offered load (requests/s)" } }, yaxis: { title: { text: "GPU busy" }, tickformat: ".0%", range: [0, 1.05] }, yaxis2: { title: { text: "p99 ms" }, overlaying: "y", side: "right", rangemode: "tozero" },
+    ...operatingPoint(now["workload.qps"]) }, CONFIG);
   const kv = last.update.kv;
   if (kv && changed("vram", JSON.stringify(kv.memory.per_gpu))) {
     const g = kv.memory.per_gpu;
@@ -476,6 +505,14 @@ function drawCharts() {
   }
 }
 
+// A sweep's operating point: a dotted line at the value the page is set to, labelled.
+function operatingPoint(x) {
+  return {
+    shapes: [{ type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1, line: { dash: "dot", color: "#555", width: 1 } }],
+    annotations: [{ xref: "x", yref: "paper", x, y: 1, yanchor: "bottom", text: "now", showarrow: false, font: { size: 10, color: "#555" } }],
+  };
+}
+
 // A validation report (servelab validate --out DIR, DIR/validation.json), read in the page:
 // its predicted and measured p99 against the offered rate, over the QPS chart.
 function readValidation(text) {
@@ -486,12 +523,96 @@ function readValidation(text) {
     && r.compare && r.compare.p99_ms && "measured" in r.compare.p99_ms && "predicted" in r.compare.p99_ms);
   if (!ok) throw new Error("validation file: no rates with predicted and measured p99; fix: load the validation.json that servelab validate --out wrote");
   const num = (x) => (typeof x === "number" && Number.isFinite(x) ? x : null);
+  const measured = rows.map((r) => num(r.compare.p99_ms.measured));
+  const predicted = rows.map((r) => num(r.compare.p99_ms.predicted));
   return {
     rate: rows.map((r) => r.rate_per_s),
-    measured: rows.map((r) => num(r.compare.p99_ms.measured)),
-    predicted: rows.map((r) => num(r.compare.p99_ms.predicted)),
+    measured, predicted,
     label: `${String(report.model || "model").slice(0, 60)} at ${String(report.url || "?").slice(0, 80)}: ${report.within_tolerance ? "within" : "outside"} tolerance`,
+    errors: `p99 predicted vs measured: ${rows.map((r, i) => `${fmt(r.rate_per_s, "int")}/s ${pctError(predicted[i], measured[i])}`).join(", ")}`,
+    // the scenario validate fitted (page state), its sweep drawn under the measurement
+    fitState: report.fit_state && typeof report.fit_state === "object" && !Array.isArray(report.fit_state) ? report.fit_state : null,
+    fitted: null,
   };
+}
+
+// The fitted scenario's p99 against the rate, around the validation's middle rate (the
+// server simulates it, as every other chart, within the lab's limits).
+async function sweepFitted(v) {
+  if (!v.fitState) return;
+  const rates = v.rate.filter((r) => r > 0).sort((a, b) => a - b);
+  const mid = rates[Math.floor(rates.length / 2)];
+  const charts = await post("/api/charts", { state: { ...v.fitState, "workload.qps": mid } });
+  if (last.validation !== v) return;  // removed or replaced meanwhile
+  v.fitted = charts.qps_sweep;
+  if (last.update && last.charts) drawCharts();
+}
+
+// "+5%" for predicted against measured, "n/a" without both
+function pctError(predicted, measured) {
+  if (predicted == null || measured == null || measured === 0) return "n/a";
+  const e = (predicted - measured) / measured * 100;
+  return `${e >= 0 ? "+" : ""}${e.toFixed(0)}%`;
+}
+
+// A loaded validation's overlay is shown with its per-rate errors and a button to remove
+// it; Reset removes it too.
+function showValidation() {
+  const v = last.validation;
+  $("#out-validation").textContent = v ? ` · validation of ${v.label}; ${v.errors}` : "";
+  $("#btn-validation-remove").hidden = !v;
+}
+
+function removeValidation() {
+  last.validation = null;
+  showValidation();
+  if (last.update && last.charts) drawCharts();
+}
+
+// The drift section's controls are in the link too, as "drift.ID" (the element ids
+// without their prefix), where they differ from the page's defaults; a link restores
+// them before the section's first run. (The LLM section's are [llm] keys of the state.)
+const SECTION_CONTROLS = { drift: "#drift-controls" };
+const SECTION_PREFIX = { drift: "drift-" };
+let sectionUrl = {};  // what the link gave, until each section has applied it
+
+function sectionElements(section) {
+  return [...document.querySelectorAll(`${SECTION_CONTROLS[section]} select, ${SECTION_CONTROLS[section]} input[type=range]`)];
+}
+
+function sectionParams() {
+  const out = {};
+  for (const section of Object.keys(SECTION_CONTROLS)) {
+    for (const el of sectionElements(section)) {
+      const def = el.dataset.default;
+      if (def !== undefined && el.value !== def) out[`${section}.${el.id.slice(SECTION_PREFIX[section].length)}`] = el.value;
+    }
+  }
+  return out;
+}
+
+// A section's defaults (taken once its options exist), then the link's values.
+function applySectionUrl(section) {
+  for (const el of sectionElements(section)) {
+    el.dataset.default = el.value;
+    const v = sectionUrl[`${section}.${el.id.slice(SECTION_PREFIX[section].length)}`];
+    if (v === undefined) continue;
+    setControl(el, v);
+  }
+}
+
+// A section control's value, shown beside it too (an <output> "-v" or a typed box "-n").
+function setControl(el, value) {
+  el.value = String(value);
+  const shown = document.getElementById(`${el.id}-v`) || document.getElementById(`${el.id}-n`);
+  if (!shown) return;
+  if (shown.tagName === "INPUT") shown.value = el.value; else shown.textContent = el.value;
+}
+
+function resetSection(section) {
+  for (const el of sectionElements(section)) {
+    if (el.dataset.default !== undefined) setControl(el, el.dataset.default);
+  }
 }
 
 function writeUrl() {
@@ -499,13 +620,17 @@ function writeUrl() {
   for (const [k, v] of Object.entries(state)) {
     if (JSON.stringify(v) !== JSON.stringify(META.default_state[k])) params.set(k, JSON.stringify(v));
   }
+  for (const [k, v] of Object.entries(sectionParams())) params.set(k, v);
   const qs = params.toString();
   history.replaceState(null, "", qs ? "?" + qs : location.pathname);
 }
 
 function readUrl() {
   const s = { ...META.default_state };
+  sectionUrl = {};
   for (const [k, v] of new URLSearchParams(location.search)) {
+    if (k.split(".")[0] in SECTION_CONTROLS) { sectionUrl[k] = v; continue; }
+    if (k.startsWith("serve.")) continue;  // an older link's LLM section: now [llm] keys
     try { s[k] = JSON.parse(v); } catch { s[k] = v; }
   }
   return s;
@@ -542,12 +667,24 @@ async function init() {
     try {
       if (file.size > 4 * 1024 * 1024) throw new Error("validation file: over 4 MiB; fix: load the validation.json that servelab validate --out wrote");
       last.validation = readValidation(await file.text());
-      $("#out-validation").textContent = ` · validation of ${last.validation.label}`;
+      showValidation();
       clearError();
       if (last.update && last.charts) drawCharts();
+      await sweepFitted(last.validation);
     } catch (err) { showError(err.message); }
   });
-  $("#btn-reset").addEventListener("click", () => { state = { ...META.default_state }; showControls(); showPreset(); schedule(); });
+  $("#btn-validation-remove").addEventListener("click", removeValidation);
+  $("#btn-llm-validation-remove").addEventListener("click", () => removeLlmValidation());
+  $("#btn-reset").addEventListener("click", () => {
+    state = { ...META.default_state };
+    removeValidation();
+    removeLlmValidation(false);  // one LLM run below, on the reset state
+    resetSection("drift");
+    showLlmControls();
+    llmRefresh();
+    if (DRIFT.meta) { driftKindControls(); driftRefresh(); }
+    showControls(); showPreset(); schedule();
+  });
   $("#file-load").addEventListener("change", async (e) => {
     const file = e.target.files[0];
     if (!file) return;
@@ -556,7 +693,9 @@ async function init() {
       const parsed = await post("/api/parse", { toml: await file.text() });
       state = parsed.state;
       showControls();
+      showLlmControls();
       schedule();
+      if (sectionsStarted) llmSoon();
     } catch (err) { showError(err.message); }
   });
   refresh();
@@ -604,6 +743,7 @@ async function driftRefresh() {
     ], { ...LAYOUT, barmode: "group", yaxis: { title: { text: "share of rows" }, tickformat: ".0%" },
       xaxis: { title: { text: `${d.feature} bin` }, automargin: true } }, CONFIG);
     document.body.dataset.driftReady = "1";
+    if (document.body.dataset.ready === "1") writeUrl();
   } catch (err) {
     showError(err.message);
   } finally {
@@ -621,6 +761,7 @@ async function driftInit() {
     const o = document.createElement("option"); o.value = f.name; o.textContent = `${f.name} (${f.kind})`; return o;
   }));
   sel.value = "avg_amount_7d";
+  applySectionUrl("drift");
   sel.addEventListener("change", () => { driftKindControls(); driftRefresh(); });
   for (const id of DRIFT_SLIDERS) {
     $(`#drift-${id}`).addEventListener("input", (e) => {
@@ -633,14 +774,40 @@ async function driftInit() {
 }
 
 // -- LLM serving --------------------------------------------------------------------------
-const LLM = { inFlight: false, dirty: false, fitted: null, measured: null };
-const LLM_SLIDERS = ["tp", "replicas", "rate", "prompt_tokens", "output_tokens", "max_num_seqs", "max_num_batched_tokens"];
+// The page has one LLM deployment: the sidebar's [llm] pool (model, GPU, dtypes, context,
+// GPUs in replicas of tp). This section serves it: its sliders are [llm] keys of the same
+// state (in the link and the exported TOML), and /api/llm runs `llm simulate --scenario`
+// of that state.
+// dirty: null (nothing waiting), "preview" or "full" (a full run wins over a preview)
+const LLM = { inFlight: false, dirty: null, fitted: null, measured: null, fitKey: null, last: null,
+  sweep: null, runs: 0 };
+const LLM_SLIDERS = { rate: "llm.request_rate", prompt_tokens: "llm.prompt_tokens", output_tokens: "llm.output_tokens",
+  max_num_seqs: "llm.max_num_seqs", max_num_batched_tokens: "llm.max_num_batched_tokens" };
+const SERVING_KEYS = new Set(Object.values(LLM_SLIDERS));
 
 function llmQuery() {
-  const q = { model: $("#llm-model").value, gpu: $("#llm-gpu").value, kv_dtype: $("#llm-kv_dtype").value };
-  for (const id of LLM_SLIDERS) q[id] = Number($(`#llm-${id}`).value);
+  const q = { state: { ...state } };
   if (LLM.fitted) q.fitted = LLM.fitted;
   return q;
+}
+
+// The deployment's keys (what the KV pool, its paging replay and serving's deployment
+// depend on): [llm] but the serving section's own keys, and the sidebar's GPU.
+function deploymentKey(s) {
+  const out = pick(s, "llm.", "hardware.gpu");
+  for (const k of SERVING_KEYS) delete out[k];
+  delete out["llm.replicas"];
+  return out;
+}
+
+// The section's sliders show the state's values; a key the state leaves unset (vLLM's
+// per-GPU defaults for max_num_seqs and max_num_batched_tokens) shows what the last run used.
+function showLlmControls() {
+  for (const [id, key] of Object.entries(LLM_SLIDERS)) {
+    let v = state[key];
+    if (v === undefined || v === null) v = LLM.last ? LLM.last[id] : undefined;
+    if (v !== undefined && v !== null) setControl($(`#llm-${id}`), v);
+  }
 }
 
 // An LLM validation report (servelab llm validate --out DIR, DIR/validation.json), read in
@@ -667,23 +834,101 @@ function readLlmValidation(text) {
     ttft: r.rates.map((x) => figure(x, "TTFT p99 (ms)")),
     tpot: r.rates.map((x) => figure(x, "TPOT p99 (ms)")),
     label: `${String(r.model || "model").slice(0, 60)}: ${String(r.verdict || "").slice(0, 60)}`,
+    errors: `p99 predicted vs measured: ${r.rates.map((x) => {
+      const f = (name) => (x.figures || []).find((g) => g && g.name === name) || {};
+      const t = f("TTFT p99 (ms)"), p = f("TPOT p99 (ms)");
+      return `${(num(x.offered_per_s) || 0).toFixed(2)}/s TTFT ${pctError(num(t.predicted), num(t.measured))} TPOT ${pctError(num(p.predicted), num(p.measured))}`;
+    }).join(", ")}`,
   };
 }
 
-function setSlider(id, value) {
-  const el = $(`#llm-${id}`);
-  const step = Number(el.step) || 1;
-  const v = Math.min(Number(el.max), Math.max(Number(el.min), Math.round(value / step) * step));
-  el.value = String(v);
-  $(`#llm-${id}-v`).textContent = el.value;
+function removeLlmValidation(refresh = true) {
+  const had = refresh && (LLM.fitted || LLM.measured);
+  LLM.fitted = null; LLM.measured = null;
+  $("#out-llm-validation").textContent = "";
+  $("#btn-llm-validation-remove").hidden = true;
+  if (had) llmRefresh();
 }
 
-async function llmRefresh() {
-  if (LLM.inFlight) { LLM.dirty = true; return; }
+function setSlider(id, value) {  // a section slider and its state key, within its range
+  const el = $(`#llm-${id}`);
+  const step = Number(el.step) || 1;
+  setControl(el, Math.min(Number(el.max), Math.max(Number(el.min), Math.round(value / step) * step)));
+  state[LLM_SLIDERS[id]] = Number(el.value);
+}
+
+// The simulator's messages name CLI flags or [llm] keys; the section says them in the
+// page's words, marks the control they are about (here or in the sidebar's LLM pool),
+// and clears both once a run succeeds.
+const LLM_FLAGS = [  // [flag or key, the control's selector, the page's words]
+  ["--tp", "#c-llm-tp", "Tensor parallel"], ["[llm] tp", "#c-llm-tp", "Tensor parallel"],
+  ["[llm] num_gpus", "#c-llm-num-gpus", "GPUs"], ["--replicas", "#c-llm-num-gpus", "Replicas (GPUs / tensor parallel)"],
+  ["--request-rate", "#llm-rate", "Requests/s"], ["--rate", "#llm-rate", "Requests/s"],
+  ["[llm] request_rate", "#llm-rate", "Requests/s"],
+  ["[llm] prompt_tokens", "#llm-prompt_tokens", "Prompt tokens"], ["[llm] output_tokens", "#llm-output_tokens", "Output tokens"],
+  ["--max-num-seqs", "#llm-max_num_seqs", "max_num_seqs"], ["[llm] max_num_seqs", "#llm-max_num_seqs", "max_num_seqs"],
+  ["--max-num-batched-tokens", "#llm-max_num_batched_tokens", "max_num_batched_tokens"],
+  ["[llm] max_num_batched_tokens", "#llm-max_num_batched_tokens", "max_num_batched_tokens"],
+  ["--kv-dtype", "#c-llm-kv-dtype", "KV dtype"], ["[llm] kv_dtype", "#c-llm-kv-dtype", "KV dtype"],
+  ["--model", "#c-llm-model", "Model"], ["[llm] model", "#c-llm-model", "Model"], ["--gpu", "#c-hardware-gpu", "GPU"],
+  ["--gpu-memory-utilization", "#c-llm-gpu-memory-utilization", "gpu_memory_utilization"],
+  ["[llm] context_tokens", "#c-llm-context-tokens", "Context (tokens)"],
+];
+const escapeRe = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+
+function llmMarked() {
+  return document.querySelectorAll("#llm-controls [aria-invalid], #controls [data-llm-invalid]");
+}
+
+function llmUnmark() {
+  for (const el of llmMarked()) { el.removeAttribute("aria-invalid"); delete el.dataset.llmInvalid; }
+}
+
+function llmError(message) {
+  let text = message;
+  let field = null;
+  for (const [flag, sel, words] of LLM_FLAGS) {
+    const re = new RegExp(`${escapeRe(flag)}(?![\\w-])`, "g");
+    if (re.test(text)) {
+      text = text.replace(re, words);
+      if (field === null) field = sel;
+    }
+  }
+  if (field === null && /^KV pool/.test(message)) field = "#c-llm-num-gpus";  // more GPUs fix it
+  llmUnmark();
+  const el = field && $(field);
+  if (el) { el.setAttribute("aria-invalid", "true"); el.dataset.llmInvalid = "1"; }
+  $("#llm-error").textContent = text;
+  $("#llm-error").hidden = false;
+}
+
+function llmClearError() {
+  $("#llm-error").hidden = true;
+  llmUnmark();
+}
+
+// preview: while a slider moves, a smaller run for the read-outs (faded, the charts kept);
+// the full run follows on release. The section says what it is waiting for.
+async function llmRefresh(preview = false) {
+  clearTimeout(LLM.soonTimer);
+  clearTimeout(LLM.sweepTimer);
+  if (LLM.inFlight) {
+    LLM.dirty = LLM.dirty === "full" || !preview ? "full" : "preview";
+    return;
+  }
   LLM.inFlight = true;
-  LLM.dirty = false;
+  LLM.dirty = null;
+  $("#llm-status").textContent = preview ? "previewing…" : "computing…";
   try {
-    const d = await post("/api/llm", llmQuery());
+    const query = llmQuery();
+    const d = await post("/api/llm", { ...query, preview });
+    llmClearError();
+    LLM.last = d;
+    showLlmControls();
+    $("#llm-deployment").textContent = `Deployment (the sidebar's LLM pool): ${d.model} on ${d.replicas} × ${d.tp} ${d.gpu}` +
+      `, ${d.num_blocks_per_replica.toLocaleString()} KV blocks a replica` + (LLM.fitted ? "; a validated server's fitted step model" : "");
+    $("#llm-cards").dataset.preview = d.preview ? "1" : "";
+    $("#llm-status").textContent = d.preview ? `preview of ${d.requests_simulated.toLocaleString()} requests; the full run follows on release` : "";
     const ms = (v) => (v == null ? "n/a" : v.toFixed(1));
     $("#out-llm-ttft").textContent = `${ms(d.ttft_ms.p50)} / ${ms(d.ttft_ms.p99)} ms`;
     $("#out-llm-ttft").dataset.value = JSON.stringify(d.ttft_ms.p99);
@@ -693,8 +938,54 @@ async function llmRefresh() {
     const cost = d.cost_per_million_output_usd;
     $("#out-llm-cost").textContent = `${d.gpus} · ${cost == null ? "n/a" : "$" + cost.toFixed(2)}`;
     $("#out-llm-notes").textContent = d.notes.slice(1).join("; ");
+    document.body.dataset.llmPreview = d.preview ? "1" : "";
+    if (d.preview) return;  // the charts wait for the full run
+    // the blocks in use on a scale that fits them; the pool's size in the axis title
+    const kv = d.kv_usage;
+    const pool = d.num_blocks_per_replica;
+    const top = Math.min(pool, Math.max(1, ...kv.blocks)) * 1.15;
+    plot("chart-llm-kv", [
+      { name: "KV blocks in use", x: kv.time_s, y: kv.blocks, mode: "lines" },
+      { name: "preemption", x: kv.preempt_time_s, y: kv.preempt_time_s.map(() => Math.min(pool, top)), mode: "markers", marker: { symbol: "x", color: "#c0392b" } },
+    ], { ...LAYOUT, xaxis: { title: { text: "time (s)" } }, yaxis: { title: { text: `KV blocks (of ${pool.toLocaleString()} a replica)` }, range: [0, top] } }, CONFIG);
+    // The rate chart after the read-outs, once the section has rested for a moment (six
+    // rates of work: moves in a row would queue it behind their own runs).
+    const run = ++LLM.runs;
+    clearTimeout(LLM.sweepTimer);
+    $("#llm-sweep-status").textContent = "(the chart follows when the controls rest)";
+    LLM.sweepTimer = setTimeout(() => llmSweep(run, query), LLM_REST_MS);
+    document.body.dataset.llmReady = "1";
+    if (document.body.dataset.ready === "1") writeUrl();
+  } catch (err) {
+    $("#llm-status").textContent = "";
+    llmError(err.message);
+  } finally {
+    LLM.inFlight = false;
+    if (LLM.dirty) llmRefresh(LLM.dirty === "preview");
+  }
+}
+
+const LLM_REST_MS = 400;  // as the paging replay waits: the controls at rest for this long
+
+// The deployment changed in the sidebar: the section runs again once it has rested.
+function llmSoon() {
+  clearTimeout(LLM.soonTimer);
+  $("#llm-status").textContent = "(waiting for the sidebar to rest…)";
+  LLM.soonTimer = setTimeout(() => llmRefresh(), LLM_REST_MS);
+}
+
+// The rate chart's sweep for the run `run` (a newer run's sweep supersedes it): six rates
+// around the page's, drawn with the validated server's measured points if any.
+async function llmSweep(run, query) {
+  $("#llm-sweep-status").textContent = "(simulating six rates…)";
+  try {
+    const d = await post("/api/llm", { ...query, sweep: true });
+    if (run !== LLM.runs) return;
+    LLM.sweep = d.sweep;
+    $("#llm-sweep-status").textContent = "";
     const sw = d.sweep;
     const m = LLM.measured;
+    // TTFT above, TPOT below: one quantity per axis, both from zero, the same rates
     plot("chart-llm-rate", [
       { name: "TTFT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.ttft_p99_ms), mode: "lines+markers" },
       { name: "TPOT p99 ms", x: sw.map((r) => r.rate), y: sw.map((r) => r.tpot_p99_ms), yaxis: "y2", mode: "lines+markers" },
@@ -702,31 +993,19 @@ async function llmRefresh() {
         { name: "validate: measured TTFT p99", x: m.rate, y: m.ttft, mode: "markers", marker: { symbol: "x", size: 10, color: "#222" } },
         { name: "validate: measured TPOT p99", x: m.rate, y: m.tpot, yaxis: "y2", mode: "markers", marker: { symbol: "circle-open", size: 10, color: "#222" } },
       ] : []),
-    ], { ...LAYOUT, xaxis: { title: { text: "requests/s" } }, yaxis: { title: { text: "TTFT p99 (ms)" }, rangemode: "tozero" },
-      yaxis2: { title: { text: "TPOT p99 (ms)" }, overlaying: "y", side: "right", rangemode: "tozero" } }, CONFIG);
-    const kv = d.kv_usage;
-    plot("chart-llm-kv", [
-      { name: "KV blocks in use", x: kv.time_s, y: kv.blocks, mode: "lines" },
-      { name: "preemption", x: kv.preempt_time_s, y: kv.preempt_time_s.map(() => d.num_blocks_per_replica), mode: "markers", marker: { symbol: "x", color: "#c0392b" } },
-    ], { ...LAYOUT, xaxis: { title: { text: "time (s)" } }, yaxis: { title: { text: "KV blocks" }, range: [0, d.num_blocks_per_replica * 1.05] } }, CONFIG);
-    document.body.dataset.llmReady = "1";
+    ], { ...LAYOUT, xaxis: { title: { text: "requests/s" }, anchor: "y2" },
+      yaxis: { title: { text: "TTFT p99 (ms)" }, rangemode: "tozero", domain: [0.56, 1] },
+      yaxis2: { title: { text: "TPOT p99 (ms)" }, rangemode: "tozero", domain: [0, 0.44] },
+      ...operatingPoint(query.state["llm.request_rate"]) }, CONFIG);
+    document.body.dataset.llmChart = String(run);
   } catch (err) {
-    showError(err.message);
-  } finally {
-    LLM.inFlight = false;
-    if (LLM.dirty) llmRefresh();
+    if (run !== LLM.runs) return;
+    $("#llm-sweep-status").textContent = "";
+    llmError(err.message);
   }
 }
 
 function llmInit() {
-  const fill = (id, options, value) => {
-    $(id).replaceChildren(...options.map((o) => { const e = document.createElement("option"); e.value = o; e.textContent = o; return e; }));
-    $(id).value = value;
-    $(id).addEventListener("change", () => {  // another model or GPU: its roofline, not the fit
-      LLM.fitted = null; LLM.measured = null; $("#out-llm-validation").textContent = "";
-      llmRefresh();
-    });
-  };
   $("#btn-llm-validation").addEventListener("click", () => $("#file-llm-validation").click());
   $("#file-llm-validation").addEventListener("change", async (e) => {
     const file = e.target.files[0];
@@ -737,23 +1016,41 @@ function llmInit() {
       const v = readLlmValidation(await file.text());
       LLM.fitted = v.fit;
       LLM.measured = v;
-      setSlider("tp", 1); setSlider("replicas", 1);
+      // the validated server as the page's deployment: one replica, its limits and load
+      state["llm.num_gpus"] = 1; state["llm.tp"] = 1;
       setSlider("max_num_seqs", v.slots); setSlider("max_num_batched_tokens", v.batched);
       setSlider("prompt_tokens", v.prompt); setSlider("output_tokens", v.output);
       const mid = v.rate[Math.floor(v.rate.length / 2)];
       if (mid) setSlider("rate", mid);
-      $("#out-llm-validation").textContent = ` fitted: ${v.label}`;
+      LLM.fitKey = JSON.stringify(deploymentKey(state));
+      $("#out-llm-validation").textContent = ` fitted: ${v.label}; ${v.errors}`;
+      $("#btn-llm-validation-remove").hidden = false;
       clearError();
+      showControls();
+      schedule(false);
       llmRefresh();
     } catch (err) { showError(err.message); }
   });
-  fill("#llm-model", META.models, "llama-3.1-8b");
-  fill("#llm-gpu", META.gpus, "H100-SXM");
-  fill("#llm-kv_dtype", META.kv_dtypes, "auto");
-  for (const id of LLM_SLIDERS) {
+  showLlmControls();
+  for (const [id, key] of Object.entries(LLM_SLIDERS)) {
     const el = $(`#llm-${id}`);
-    el.addEventListener("input", () => { $(`#llm-${id}-v`).textContent = el.value; });
-    el.addEventListener("change", llmRefresh);  // on release: each run is 2,000 requests
+    // as the sidebar's sliders: a key press (input and change in one task) runs the full
+    // run alone; a drag previews each move (a later task, cancelled by a change). The value
+    // is the state's: the link and the exported TOML follow on release.
+    const box = $(`#llm-${id}-n`);  // the typed value: the slider follows it (within its range)
+    el.addEventListener("input", () => {
+      box.value = el.value;
+      state[key] = Number(el.value);
+      clearTimeout(LLM.previewTimer);
+      LLM.previewTimer = setTimeout(() => llmRefresh(true), 0);
+    });
+    el.addEventListener("change", () => {
+      clearTimeout(LLM.previewTimer);
+      state[key] = Number(el.value);
+      llmRefresh();
+      schedule(false);
+    });
+    box.addEventListener("change", () => { setSlider(id, Number(box.value)); llmRefresh(); schedule(false); });
   }
   llmRefresh();
 }
