@@ -159,6 +159,22 @@ other_total 5
     assert parse_counters("garbage {{{") == {}
 
 
+def test_engine_times_and_steps_from_the_servers_counters() -> None:
+    from servelab.measure.llm_validate import engine_prefill_ms, engine_steps
+
+    # vLLM, over one request alone: its engine's prefill time
+    one = {"vllm:request_prefill_time_seconds_sum": 0.0123,
+           "vllm:request_prefill_time_seconds_count": 1.0,
+           "vllm:iteration_tokens_total_count": 2.0}
+    assert engine_prefill_ms(one) == pytest.approx(12.3)
+    assert engine_steps(one) == 2.0
+    # two requests in the window, or a server that does not say: unknown
+    assert engine_prefill_ms({**one, "vllm:request_prefill_time_seconds_count": 2.0}) == -1
+    assert engine_prefill_ms({}) == -1
+    assert engine_steps({"llamacpp:n_decode_total": 7.0}) == 7.0
+    assert engine_steps({}) is None
+
+
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 40), inp=st.integers(1, 300), out=st.integers(1, 300),
        ratio=st.floats(0, 0.99), prefix=st.integers(0, 50), seed=st.integers(0, 2**32 - 1))
@@ -178,3 +194,25 @@ def test_a_step_is_bounded_in_time() -> None:
     with pytest.raises(InputError, match="--trace"):
         LoadPlan(schedule_s=(0.0, 1e6)).check_span(2)
     LoadPlan(schedule_s=(0.0, 1e6)).check_span(1)  # only the requests sent count
+
+
+def test_a_decode_step_from_bunched_chunks_is_the_span_over_its_tokens() -> None:
+    import numpy as np
+
+    from servelab.measure.llm_metrics import RunRecords
+    from servelab.measure.llm_validate import SKIP_GAPS, _median_gap_ms
+
+    def rec(chunks_ms: list[float], tokens: int) -> RunRecords:
+        ns = np.array(chunks_ms) * 1e6
+        one = np.zeros(1, np.int64)
+        return RunRecords(one, one, one, (ns.astype(np.int64),), np.array([32]),
+                          np.array([tokens]), np.array([-1]), ("",))
+
+    steps = [3.0 * k for k in range(48)]  # a token a chunk every 3 ms
+    assert _median_gap_ms(rec(steps, 48), 0) == 3.0
+    # the same 48 tokens every 3 ms, but sent two a chunk after the first SKIP_GAPS + 1:
+    # the gaps are 6 ms, so the median gap reads a step twice as long
+    bunched = steps[:SKIP_GAPS + 1] + steps[SKIP_GAPS + 2::2] + steps[-1:]
+    got = _median_gap_ms(rec(bunched, 48), 0)
+    assert got == pytest.approx(3.0)
+    assert float(np.median(np.diff(bunched)[SKIP_GAPS:])) > 5  # what the median said

@@ -5,7 +5,8 @@ simulator's step model to it, load it, and set the prediction beside the measure
    and its limits, from llama.cpp's `/props` (slots, context per slot) or flags;
 2. **profile** by controlled runs:
    - prefill: one request at a time at three prompt lengths; the step's time is the
-     server's own `timings.prompt_ms` where it gives one (llama.cpp), else the client's
+     server's own `timings.prompt_ms` where it gives one (llama.cpp), else its engine's
+     `vllm:request_prefill_time_seconds` over that request (vLLM), else the client's
      TTFT; the client's TTFT less it, at the median, is the time outside the steps
      (HTTP, tokenizing, the wait for the server's next loop): `overhead_ms`;
    - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
@@ -27,7 +28,8 @@ simulator's step model to it, load it, and set the prediction beside the measure
 5. **compare**: TTFT, TPOT and E2EL p50/p90/p99 and throughput, predicted / measured
    with % error, judged against ±10% (p50), ±15% (p90), ±20% (p99), ±5% (throughput),
    ±10% (saturation); a diagnosis: the client (sent late?), the scheduling (the steps
-   the simulator ran against the server's own count of decode calls, where it gives one),
+   the simulator ran against the server's own count: llama.cpp's decode calls, vLLM's
+   iterations),
    or the step model (TPOT off while the steps agree).
 """
 
@@ -292,8 +294,20 @@ async def discover_limits(session: aiohttp.ClientSession, base: str, rule: Sched
 
 
 def _median_gap_ms(rec: RunRecords, i: int) -> float:
-    gaps = np.diff(rec.chunk_ns[i])[SKIP_GAPS:]
-    return float(np.median(gaps)) / 1e6 if gaps.size else math.nan
+    """A decode step of request i's stream, past its first SKIP_GAPS gaps: the median gap
+    between chunks where each chunk is one token (llama.cpp); where the server bunches
+    tokens into fewer chunks (vLLM's output processor, when it falls behind, sends
+    several at once, and the gaps between bunched chunks are near 0), the stream's time
+    per output token after the first, as TPOT counts it (all c streams' prompts went in
+    the first steps, before their first tokens)."""
+    chunks = rec.chunk_ns[i]
+    gaps = np.diff(chunks)[SKIP_GAPS:]
+    if not gaps.size:
+        return math.nan
+    tokens = int(rec.output_tokens[i])
+    if tokens <= chunks.size:  # a token a chunk
+        return float(np.median(gaps)) / 1e6
+    return float(chunks[-1] - chunks[0]) / (tokens - 1) / 1e6
 
 
 async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: ServerLimits,
@@ -311,10 +325,14 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
                                first_index=index)
         index += 2
         for r in reqs:  # one at a time
+            before = await read_metrics(session, ep.base)
             rec = await _at_once(session, ep, [r], "a prefill")
+            after = await read_metrics(session, ep.base)
             ttft_ms = (rec.chunk_ns[0][0] - rec.intended_ns[0]) / 1e6
             server_ms = (float(rec.server_prompt_ms[0]) if rec.server_prompt_ms is not None
                          else -1.0)
+            if server_ms <= 0:  # vLLM: its engine's prefill time, from /metrics
+                server_ms = engine_prefill_ms(counter_diff(before, after))
             step_ms = server_ms if server_ms > 0 else ttft_ms
             timed &= server_ms > 0
             rows_p.append(int(rec.prompt_tokens[0]))
@@ -349,6 +367,24 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
                                  relative=True)
     return Profile(tuple(rows_p), tuple(rows_d), tuple(rows_k), tuple(rows_ms),
                    max(0.0, float(np.median(overheads))), model, timed)
+
+
+def engine_prefill_ms(diff: dict[str, float]) -> float:
+    """One request's prefill as the engine timed it (vLLM's request_prefill_time, from
+    scheduled to first token), from a metrics difference over that request alone; -1
+    when the server does not say."""
+    count = diff.get("vllm:request_prefill_time_seconds_count", 0.0)
+    total = diff.get("vllm:request_prefill_time_seconds_sum", 0.0)
+    return total / count * 1e3 if count == 1 and total > 0 else -1.0
+
+
+def engine_steps(diff: dict[str, float]) -> float | None:
+    """The engine's own count of the steps a run made: llama.cpp's decode calls, vLLM's
+    iterations (its iteration_tokens histogram counts one per step)."""
+    for name in ("llamacpp:n_decode_total", "vllm:iteration_tokens_total_count"):
+        if name in diff:
+            return diff[name]
+    return None
 
 
 async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: int, c: int,
@@ -485,7 +521,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             sim = simulate_same(rec, limits, profile)
             metrics = compute(rec)
             figures = _figures(rec, sim, profile.overhead_ms)
-            steps_measured = counters.get("llamacpp:n_decode_total")
+            steps_measured = engine_steps(counters)
             notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
                               drift)
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
