@@ -211,11 +211,10 @@ def llama_pinned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.mark.slow
 def test_validate_against_a_real_llama_server(llama_pinned: str, tmp_path: Path) -> None:
     """The issue's bar on a quiet run: TTFT and TPOT p50 within 10%, p99 within 20%,
-    saturation within 10%, at 30% and 60% of saturation. Runs on this 2-core VM met it
-    once and missed TPOT by 25-29% twice the same day, with the server's own decode speed
-    steady (docs/llm-measure.md), so the test holds what every run met: the scheduling
-    (steps simulated against the server's decode calls within 20%), saturation within
-    15%, TTFT p50 within 25%, TPOT p50 within 35%, p99 within 50%. A wrong rule or a
+    saturation within 10%, at 30% and 60% of saturation. The test holds what every quiet
+    run met (docs/llm-measure.md): the scheduling (steps simulated against the server's
+    decode calls within 20%), saturation within 15%, TTFT p50 within 25%, p99 within
+    50%, TPOT p50 within 20% at 30% and 35% at 60%. A wrong rule or a
     step model off by a unit misses these by far; the run prints every figure."""
     from tests.services import QUIET_OTHERS, QUIET_STEAL, HostUse, skip_host_busy
 
@@ -256,17 +255,24 @@ def test_validate_against_a_real_llama_server(llama_pinned: str, tmp_path: Path)
     print(f"llm simulate on the fitted scenario: TTFT p50 {ttft:.1f} ms, measured {measured:.1f}")
     if ttft != pytest.approx(measured, rel=0.35):
         misses.append(f"llm simulate TTFT p50 {ttft:.1f} ms against {measured:.1f} measured")
+    # TPOT p50: 30% load +0.0% and +6.8%, 60% load -17.5% and -26.1% in two quiet runs
+    # on 2026-12-03 (docs/llm-measure.md); -41% and -50% before the step model had its
+    # term for steps of two or more tokens. Held loosely at 60%, where the server's own
+    # clock still reads its steps slower than the model (issue 30's open part).
+    tpot_bound = {0.3: 20, 0.6: 35}
     for rate in report["rates"]:
         figs = {f["name"]: f for f in rate["figures"]}
-        # TPOT is not asserted: under load llama-server's decode steps run slower than
-        # its profile by an amount that moves with the machine (-6% to -46% at the
-        # median across runs on the 2-core VM, issue 30's open gap); a check that
-        # depends on how busy the machine is belongs in bench/, and the report prints it
-        print(rate["share_of_saturation"], {n: round(figs[n]["error_pct"], 1)
-                                            for n in ("TPOT p50 (ms)", "TPOT p99 (ms)")})
-        misses += [f"{name} {figs[name]['error_pct']:+.1f}% at {rate['share_of_saturation']}"
-                   for name, bound in (("TTFT p50 (ms)", 25), ("TTFT p99 (ms)", 50))
+        share = rate["share_of_saturation"]
+        print(share, {n: round(figs[n]["error_pct"], 1)
+                      for n in ("TPOT p50 (ms)", "TPOT p99 (ms)")},
+              f"server's own TPOT p50 {rate['server_tpot_p50_ms']}")
+        misses += [f"{name} {figs[name]['error_pct']:+.1f}% at {share}"
+                   for name, bound in (("TTFT p50 (ms)", 25), ("TTFT p99 (ms)", 50),
+                                       ("TPOT p50 (ms)", tpot_bound[share]))
                    if not abs(figs[name]["error_pct"]) <= bound]
+        # the server's own clock agrees with the client's: the way out adds nothing here
+        assert rate["server_tpot_p50_ms"] == pytest.approx(figs["TPOT p50 (ms)"]["measured"],
+                                                           rel=0.1)
     print(f"steal {steal:.1%}, other processes {others:.1%}, misses {misses}")
     if misses and (steal > QUIET_STEAL or others > QUIET_OTHERS):
         skip_host_busy(f"steal {steal:.0%}, other processes {others:.0%}: {misses}")

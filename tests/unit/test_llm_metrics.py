@@ -207,3 +207,26 @@ def test_goodput_and_percentiles_parse() -> None:
     for bad in ("", "0", "100", "abc", ",".join(["50"] * 30)):
         with pytest.raises(InputError, match="--metric-percentiles"):
             parse_percentiles(bad)
+
+
+def test_the_servers_own_tpot_and_prompt_cache_note() -> None:
+    """llama.cpp's timings.predicted_ms over output tokens less one is TPOT by the
+    server's clock; a step whose prompts came from the server's cache is noted."""
+    from dataclasses import replace
+
+    from servelab.measure.llm_validate import cache_note, server_tpot_ms
+
+    rows = [{"intended": 0, "done": 52 * MS, "chunks": [30 * MS, 40 * MS, 50 * MS],
+             "prompt": 100, "cached": 1},
+            {"intended": 0, "done": 40 * MS, "chunks": [40 * MS], "prompt": 100,
+             "cached": 0},  # one token: no TPOT
+            {"intended": 0, "done": 9 * MS, "chunks": [], "error": "http 503"}]
+    rec = records(rows)
+    assert server_tpot_ms(rec).size == 0  # the server did not say
+    rec = replace(rec, server_decode_ms=np.array([19.0, 0.0, -1.0]))
+    assert server_tpot_ms(rec).tolist() == [9.5]  # 19 ms over 3 - 1 tokens
+    assert cache_note(rec) == ()  # 1 of 200 prompt tokens: an index word or two
+    cached = replace(rec, cached_tokens=np.array([90, 0, -1]))
+    [note] = cache_note(cached)
+    assert "90 of 200 prompt tokens" in note
+    assert "--seed" in note

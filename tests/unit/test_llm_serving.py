@@ -368,6 +368,35 @@ def test_a_step_profile_is_fitted_and_drives_the_scheduler(tmp_path):
     assert res.tpot_s[0] * 1e3 == pytest.approx(decode)
 
 
+def test_a_step_of_two_or_more_tokens_costs_its_own_term(tmp_path):
+    """llama.cpp on a CPU: one token a step runs matrix-vector kernels, two or more its
+    matrix kernels (4.2 ms for one stream, 12.5 ms for two, measured). The fit recovers
+    the jump where the profile has one-token steps, and the simulator charges it."""
+    from servelab.llm.serving import ProfileStepModel
+
+    def true_ms(p: int, d: int, kv: int) -> float:
+        return 3.0 + 1.3 * p + 0.7 * d + 0.002 * kv + (8.0 if p + d >= 2 else 0.0)
+
+    pts = [(p, d, kv) for p in (0, 64, 192) for d in (0, 1, 2, 4) for kv in (0, 2_000)
+           if p or d]
+    m = ProfileStepModel.from_csv(str(_write_profile(tmp_path / "steps.csv",
+                                                     [(*x, true_ms(*x)) for x in pts])))
+    assert (m.base_ms, m.per_prefill_token_ms, m.per_decode_seq_ms, m.per_kv_token_ms,
+            m.multi_token_ms) == pytest.approx((3.0, 1.3, 0.7, 0.002, 8.0), rel=1e-9)
+    one = simulate_serving(reqs([0.0], [16], [9]), SchedulerConfig(num_blocks=100), m)
+    two = simulate_serving(reqs([0.0, 0.0], [16, 16], [9, 9]),
+                           SchedulerConfig(num_blocks=100), m)
+    # decode steps of one stream skip the term; of two streams pay it
+    assert one.tpot_s[0] * 1e3 == pytest.approx(3.0 + 0.7 + 0.002 * 19.5)
+    assert two.tpot_s[0] * 1e3 == pytest.approx(3.0 + 8.0 + 2 * 0.7 + 0.002 * 2 * 19.5)
+    # with no one-token step in the profile the term cannot be told from the base
+    many = [x for x in pts if x[0] + x[1] >= 2]
+    m2 = ProfileStepModel.from_csv(str(_write_profile(tmp_path / "s2.csv",
+                                                      [(*x, true_ms(*x)) for x in many])))
+    assert m2.multi_token_ms == 0.0
+    assert m2.base_ms == pytest.approx(11.0, rel=1e-9)
+
+
 def test_a_negative_term_is_dropped_not_kept(tmp_path):
     """Decode time that falls with KV read is noise: the fit keeps every term >= 0."""
     from servelab.llm.serving import ProfileStepModel

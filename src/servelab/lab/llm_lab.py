@@ -31,13 +31,14 @@ SWEEP_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 class LlmFit(BaseModel):
     """A server's fit from `servelab llm validate` (its validation.json, read in the page):
-    the step model's four terms, the time a request spends outside the steps, and the
+    the step model's terms, the time a request spends outside the steps, and the
     KV pool as the server holds it. Bounded like every other input."""
 
     base_ms: float = Field(ge=0, le=100_000)
     per_prefill_token_ms: float = Field(ge=0, le=100_000)
     per_decode_seq_ms: float = Field(ge=0, le=100_000)
     per_kv_token_ms: float = Field(ge=0, le=100_000)
+    multi_token_ms: float = Field(0.0, ge=0, le=100_000)  # absent before 2026-12-03
     overhead_ms: float = Field(0.0, ge=0, le=600_000)
     num_blocks: int = Field(ge=1, le=10_000_000)
     label: str = Field("", max_length=200)
@@ -91,7 +92,8 @@ def _checked(llm: LlmPool) -> None:
 def _step_model(f: LlmFit) -> ProfileStepModel:
     return ProfileStepModel(f.base_ms, f.per_prefill_token_ms, f.per_decode_seq_ms,
                             f.per_kv_token_ms, rows=0, max_abs_error_pct=0.0,
-                            source=f"llm validate's fit of {f.label or 'a server'}")
+                            source=f"llm validate's fit of {f.label or 'a server'}",
+                            multi_token_ms=f.multi_token_ms)
 
 
 def _prepared(s: Scenario, fitted: LlmFit | None) -> tuple[Scenario, dict[str, Any]]:

@@ -247,8 +247,14 @@ class ProfileStepModel:
     relative error (steps span 10 ms decodes to 500 ms prefills) to
     step_ms = base + per prefill token + per decode sequence + per KV token read, each
     term at least 0 (a term the data would make negative is dropped and the rest
-    refitted). Measured steps are scattered, not a grid, so they are fitted, not
-    interpolated; the fit's error on the profile itself is kept and reported."""
+    refitted), plus `multi_token_ms` on every step of two or more tokens where the
+    profile has steps of one token and of more to tell it from the base. llama.cpp on a
+    CPU runs a one-token batch through ggml's matrix-vector kernels and two or more
+    through its matrix kernels: one decode stream's step took 4.2 ms, two streams' 12.5
+    ms and four's 14.2 ms (a 100 MB F16 model, one thread, docs/llm-measure.md), a jump
+    no per-sequence cost fits. Measured steps are scattered, not a grid, so they are
+    fitted, not interpolated; the fit's error on the profile itself is kept and
+    reported."""
 
     base_ms: float
     per_prefill_token_ms: float
@@ -257,6 +263,7 @@ class ProfileStepModel:
     rows: int
     max_abs_error_pct: float
     source: str
+    multi_token_ms: float = 0.0  # more on a step of two or more tokens than on one of one
 
     kind = "profile"
 
@@ -264,7 +271,8 @@ class ProfileStepModel:
                decode_seqs: int = 0, seqs: int = 0) -> float:
         return (self.base_ms + self.per_prefill_token_ms * (tokens - decode_seqs)
                 + self.per_decode_seq_ms * decode_seqs
-                + self.per_kv_token_ms * kv_tokens_read) / 1e3
+                + self.per_kv_token_ms * kv_tokens_read
+                + (self.multi_token_ms if tokens >= 2 else 0.0)) / 1e3
 
     @classmethod
     def fit(cls, prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray, step_ms: np.ndarray,
@@ -272,11 +280,15 @@ class ProfileStepModel:
         """Least squares, in ms or (`relative`) in each step's share of its own time: the
         latter when steps span orders of magnitude (10 ms decodes beside 500 ms prefills),
         where plain least squares lets the long steps set the short ones' intercept."""
-        x = np.column_stack([np.ones(prefill.size), prefill, decode, kv]).astype(np.float64)
+        multi = (prefill + decode >= 2).astype(np.float64)
+        x = np.column_stack([np.ones(prefill.size), prefill, decode, kv, multi]
+                            ).astype(np.float64)
         y = np.asarray(step_ms, dtype=np.float64)
         w = 1.0 / np.maximum(y, 1e-9) if relative else np.ones_like(y)
-        keep = [0, 1, 2, 3]
-        coef = np.zeros(4)
+        # the multi-token term only where one-token steps and longer ones both were seen:
+        # otherwise it cannot be told from the base
+        keep = [0, 1, 2, 3, 4] if 0 < multi.sum() < multi.size else [0, 1, 2, 3]
+        coef = np.zeros(5)
         while keep:
             c, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
             if (c >= 0).all():
@@ -286,7 +298,8 @@ class ProfileStepModel:
         err = np.abs(x @ coef - y) / np.maximum(y, 1e-9)
         return cls(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]),
                    rows=int(y.size),
-                   max_abs_error_pct=float(err.max() * 100) if y.size else 0.0, source=source)
+                   max_abs_error_pct=float(err.max() * 100) if y.size else 0.0, source=source,
+                   multi_token_ms=float(coef[4]))
 
     @classmethod
     def from_csv(cls, path: str) -> ProfileStepModel:
@@ -788,7 +801,9 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                  f"steps; the fit is within {model.max_abs_error_pct:.1f}% of every one): "
                  f"{model.base_ms:.3g} ms + {model.per_prefill_token_ms:.3g} ms per prefill "
                  f"token + {model.per_decode_seq_ms:.3g} ms per decode sequence + "
-                 f"{model.per_kv_token_ms:.3g} ms per KV token read"]
+                 f"{model.per_kv_token_ms:.3g} ms per KV token read"
+                 + (f" + {model.multi_token_ms:.3g} ms a step of two or more tokens"
+                    if model.multi_token_ms else "")]
     else:
         overlap = ("the larger" if math.isinf(params.overlap)
                    else f"a {params.overlap:g}-norm")
@@ -852,7 +867,8 @@ def _step_model_dict(model: StepModel | ProfileStepModel) -> dict[str, Any]:
         return {**one, "base_ms": model.base_ms,
                 "per_prefill_token_ms": model.per_prefill_token_ms,
                 "per_decode_seq_ms": model.per_decode_seq_ms,
-                "per_kv_token_ms": model.per_kv_token_ms, "profile_rows": model.rows,
+                "per_kv_token_ms": model.per_kv_token_ms,
+                "multi_token_ms": model.multi_token_ms, "profile_rows": model.rows,
                 "fit_max_abs_error_pct": model.max_abs_error_pct, "source": model.source}
     return {**one, "weight_bytes_per_gpu": model.weight_bytes,
             "kv_bytes_per_token_per_gpu": model.kv_bytes_per_token,

@@ -339,7 +339,8 @@ async def run_step(session: aiohttp.ClientSession, ep: Endpoint, requests: list[
         output_tokens=np.array([o.output_tokens for o in outs], np.int64),
         cached_tokens=np.array([o.cached_tokens for o in outs], np.int64),
         errors=tuple(o.error for o in outs), t0_ns=t0,
-        server_prompt_ms=np.array([o.server_prompt_ms for o in outs]))
+        server_prompt_ms=np.array([o.server_prompt_ms for o in outs]),
+        server_decode_ms=np.array([o.server_decode_ms for o in outs]))
 
 
 async def run_load(ep: Endpoint, make_requests: Callable[[float, int], list[LlmRequest]],

@@ -51,6 +51,7 @@ class RunRecords:
     errors: tuple[str, ...]  # "" for a completed request
     t0_ns: int = 0  # the run's start on time.monotonic_ns(), to match a server's own log
     server_prompt_ms: np.ndarray | None = None  # llama.cpp's own prompt time; -1 unknown
+    server_decode_ms: np.ndarray | None = None  # llama.cpp's first to last token; -1 unknown
 
     @property
     def ok(self) -> np.ndarray:

@@ -121,6 +121,7 @@ class Profile:
                                "per_prefill_token_ms": m.per_prefill_token_ms,
                                "per_decode_seq_ms": m.per_decode_seq_ms,
                                "per_kv_token_ms": m.per_kv_token_ms,
+                               "multi_token_ms": m.multi_token_ms,
                                "fit_max_abs_error_pct": m.max_abs_error_pct}}
 
     def scenario_toml(self, limits: ServerLimits, endpoint: str, *, rate: float,
@@ -200,9 +201,11 @@ class RateResult:
     failed: int
     notes: tuple[str, ...] = ()
     probe_drift_pct: float | None = None  # the decode probe before this step vs profiled
+    server_tpot_p50_ms: float | None = None  # TPOT by the server's own clock (llama.cpp)
 
     def to_dict(self) -> dict[str, Any]:
         return {"offered_per_s": self.offered_per_s, "probe_drift_pct": self.probe_drift_pct,
+                "server_tpot_p50_ms": self.server_tpot_p50_ms,
                 "share_of_saturation": self.share_of_saturation,
                 "figures": [f.to_dict() for f in self.figures],
                 "steps_predicted": self.steps_predicted, "steps_measured": self.steps_measured,
@@ -437,6 +440,36 @@ async def probe_decode_ms(session: aiohttp.ClientSession, ep: Endpoint, tpw: flo
     return (await _decode_step_ms(session, ep, 1, DECODE_PROMPTS[0], tpw, index))[0]
 
 
+def server_tpot_ms(rec: RunRecords) -> np.ndarray:
+    """Each completed request's TPOT by the server's own clock: llama.cpp's
+    `timings.predicted_ms` runs from its first token to its last, so over output tokens
+    less one it is the client's TPOT without the network and the client. Only requests
+    the server timed with two or more output tokens; empty where it does not say."""
+    if rec.server_decode_ms is None:
+        return np.zeros(0)
+    keep = rec.ok & (rec.server_decode_ms > 0) & (rec.output_tokens > 1)
+    own: np.ndarray = rec.server_decode_ms[keep] / (rec.output_tokens[keep] - 1)
+    return own
+
+
+CACHED_NOTE_SHARE = 0.05  # a unique prompt shares a token or two with others at most
+
+
+def cache_note(rec: RunRecords) -> tuple[str, ...]:
+    """A note when the server served a step's prompts from its cache (llama.cpp's
+    `timings.cache_n`, vLLM's cached_tokens): the simulator prefills every prompt, so
+    its TTFT is then too long. A second validate against the same server with the same
+    --seed sends the same prompts."""
+    told = rec.ok & (rec.cached_tokens >= 0)
+    prompt = int(rec.prompt_tokens[told].sum())
+    cached = int(rec.cached_tokens[told].sum())
+    if prompt <= 0 or cached <= CACHED_NOTE_SHARE * prompt:
+        return ()
+    return (f"prompt cache: the server served {cached:,} of {prompt:,} prompt tokens from "
+            "its cache, which the prediction does not; a repeat run against the same server "
+            "sends the same prompts: give another --seed or restart the server",)
+
+
 def simulate_same(rec: RunRecords, limits: ServerLimits, profile: Profile,
                   max_concurrency: int = 0) -> ServingResult:
     """The simulator on a step's own intended times and the lengths the server counted."""
@@ -485,7 +518,8 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         m = profile.model
         say(f"fit: step = {m.base_ms:.3f} ms + {m.per_prefill_token_ms:.4f} ms/prefill token "
             f"+ {m.per_decode_seq_ms:.3f} ms/decode seq + {m.per_kv_token_ms:.5f} ms/KV "
-            f"token; outside the steps {profile.overhead_ms:.2f} ms")
+            f"token + {m.multi_token_ms:.3f} ms a step of 2+ tokens; outside the steps "
+            f"{profile.overhead_ms:.2f} ms")
         first = 0
 
         def workload(n: int) -> list[Any]:
@@ -522,10 +556,13 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             metrics = compute(rec)
             figures = _figures(rec, sim, profile.overhead_ms)
             steps_measured = engine_steps(counters)
+            own = server_tpot_ms(rec)
+            own_p50 = float(np.median(own)) if own.size else None
             notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
-                              drift)
+                              drift, own_p50) + cache_note(rec)
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
-                                    metrics.send_late_p99_ms, metrics.failed, notes, drift))
+                                    metrics.send_late_p99_ms, metrics.failed, notes, drift,
+                                    own_p50))
             say(f"{share:.0%} of saturation ({rate:.2f}/s): "
                 + ", ".join(f"{f.name} {f.error_pct:+.1f}%" for f in figures
                             if "p50" in f.name))
@@ -534,7 +571,8 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
 
 
 def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float | None,
-              late_p99_ms: float, drift_pct: float = 0.0) -> tuple[str, ...]:
+              late_p99_ms: float, drift_pct: float = 0.0,
+              server_tpot_p50_ms: float | None = None) -> tuple[str, ...]:
     notes = []
     if abs(drift_pct) > DRIFT_NOTE_PCT:
         notes.append(f"server speed: a decode step took {drift_pct:+.0f}% against the "
@@ -547,9 +585,15 @@ def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float 
         err = (steps_pred - steps_meas) / steps_meas * 100
         notes.append(f"scheduling: {steps_pred:,} steps simulated, {steps_meas:,.0f} decode "
                      f"calls by the server's count ({err:+.1f}%)")
-        tpot = next(f for f in figures if f.name.startswith("TPOT p50"))
-        if abs(err) <= 10 and not tpot.ok:
-            notes.append("step model: the steps agree but TPOT misses; the step times are off")
+    tpot = next(f for f in figures if f.name.startswith("TPOT p50"))
+    if steps_meas and abs((steps_pred - steps_meas) / steps_meas) <= 0.1 and not tpot.ok:
+        notes.append("step model: the steps agree but TPOT misses; the step times are off")
+    if server_tpot_p50_ms is not None and math.isfinite(tpot.measured) and tpot.measured > 0:
+        # where the client's TPOT goes: the server's steps, or the way to the client
+        outside = (tpot.measured - server_tpot_p50_ms) / tpot.measured * 100
+        notes.append(f"TPOT p50 by the server's own clock {server_tpot_p50_ms:.2f} ms, the "
+                     f"client's {tpot.measured:.2f} ms ({outside:+.1f}% outside the server), "
+                     f"predicted {tpot.predicted:.2f} ms")
     return tuple(notes)
 
 

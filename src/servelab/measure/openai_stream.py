@@ -39,6 +39,9 @@ class StreamTiming:
     output_tokens: int = -1
     cached_tokens: int = -1  # prompt tokens served from the server's cache, when it tells
     server_prompt_ms: float = -1.0  # llama.cpp's timings.prompt_ms: its prompt's compute
+    # llama.cpp's timings.predicted_ms: from its first token to its last by the server's
+    # clock (the decode steps after the first token; no network, no client)
+    server_decode_ms: float = -1.0
 
 
 def request_body(*, chat: bool, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
@@ -83,6 +86,8 @@ def _take_usage(event: dict[str, Any], out: StreamTiming) -> None:
             out.cached_tokens = timings["cache_n"]
         if isinstance(timings.get("prompt_ms"), int | float):
             out.server_prompt_ms = float(timings["prompt_ms"])
+        if isinstance(timings.get("predicted_ms"), int | float):
+            out.server_decode_ms = float(timings["predicted_ms"])
 
 
 async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes, *,

@@ -826,7 +826,7 @@ function readLlmValidation(text) {
   const figure = (rate, name) => { const f = (rate.figures || []).find((g) => g && g.name === name); return f ? num(f.measured) : null; };
   const w = r.workload || {};
   return {
-    fit: { ...Object.fromEntries(terms.map((k) => [k, sm[k]])), overhead_ms: num(r.profile.overhead_ms) || 0,
+    fit: { ...Object.fromEntries(terms.map((k) => [k, sm[k]])), multi_token_ms: num(sm.multi_token_ms) || 0, overhead_ms: num(r.profile.overhead_ms) || 0,
       num_blocks: lim.num_blocks, label: String(r.endpoint || "").slice(0, 200) },
     slots: lim.slots, batched: num(lim.max_num_batched_tokens) || 2048,
     prompt: num(w.mean_prompt_tokens) || num(w.input_tokens) || 512, output: num(w.mean_output_tokens) || num(w.output_tokens) || 256,
