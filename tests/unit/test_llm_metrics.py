@@ -230,3 +230,37 @@ def test_the_servers_own_tpot_and_prompt_cache_note() -> None:
     [note] = cache_note(cached)
     assert "90 of 200 prompt tokens" in note
     assert "--seed" in note
+
+
+def test_steps_are_read_from_the_streams_chunk_times() -> None:
+    """Two streams decoding in lockstep, 10 ms a step, a third prompt joining one step
+    (40 ms), then idle: the steps are read back with their kind, and idle is no step."""
+    from servelab.llm.serving import ProfileStepModel
+    from servelab.measure.llm_validate import step_notes, steps_seen
+
+    t = [0, 10, 20, 30, 70, 80]  # step starts, ms; the 30-70 step holds a prefill
+    a = [x * MS for x in t]
+    b = [x * MS + 200_000 for x in t]  # the same steps, 0.2 ms later on the wire
+    c = [70 * MS + 100_000, 80 * MS + 100_000]  # its first token at 70 ms
+    late = [500 * MS, 510 * MS]  # after 420 ms idle: its first gap is a step, not idle
+    rec = records([{"intended": 0, "done": 90 * MS, "chunks": a, "prompt": 8},
+                   {"intended": 0, "done": 90 * MS, "chunks": b, "prompt": 8},
+                   {"intended": 0, "done": 90 * MS, "chunks": c, "prompt": 30},
+                   {"intended": 0, "done": 520 * MS, "chunks": late, "prompt": 5}])
+    rows = steps_seen(rec)
+    # (prefill tokens, decode seqs, KV read, ms); the first step (prompts) has no gap
+    assert rows.tolist() == [[0, 2, 18, 10], [0, 2, 20, 10], [0, 2, 22, 10],
+                             [30, 2, 24, 40], [0, 3, 57, 10], [0, 1, 6, 10]]
+    model = ProfileStepModel(base_ms=8.0, per_prefill_token_ms=1.0, per_decode_seq_ms=1.0,
+                             per_kv_token_ms=0.0, rows=0, max_abs_error_pct=0.0, source="hand")
+    steps = range(0, 300, 10)  # 30 steps of two sequences, 10 ms each
+    many = records([{"intended": 0, "done": 1, "chunks": [x * MS for x in steps],
+                     "prompt": 8},
+                    {"intended": 0, "done": 1, "chunks": [x * MS + 100 for x in steps],
+                     "prompt": 8}])
+    [note] = step_notes(many, model)
+    assert "2 seq 10.0 ms vs 10.0 (+0%, 29 steps)" in note
+    # a server that bunches tokens into chunks (vLLM when behind) shows no steps
+    bunched = records([{"intended": 0, "done": 1, "chunks": [0, 10 * MS], "output": 5}])
+    assert steps_seen(bunched).shape == (0, 4)
+    assert step_notes(bunched, model) == ()

@@ -36,6 +36,7 @@ simulator's step model to it, load it, and set the prediction beside the measure
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -452,6 +453,60 @@ def server_tpot_ms(rec: RunRecords) -> np.ndarray:
     return own
 
 
+STEP_GROUP_NS = 1_500_000  # one step's chunks leave the server within this of each other
+STEP_NOTE_MIN = 20  # decode steps of one size seen at least this often are noted
+
+
+def steps_seen(rec: RunRecords) -> np.ndarray:
+    """The server's steps as the streams show them, where each chunk is one token
+    (llama.cpp): chunks within STEP_GROUP_NS of each other came out of one step, and a
+    step's time is the gap from the step before, kept only where the server was busy in
+    between (every decode in the step had its previous token in the step before; a gap
+    after idle would read as a long step). Rows: prefill tokens (prompts whose first
+    token the step made), decode sequences, KV tokens read, measured ms; empty where
+    the server bunches tokens into chunks."""
+    ok = np.flatnonzero(rec.ok)
+    if not ok.size or any(rec.chunk_ns[i].size != rec.output_tokens[i] for i in ok):
+        return np.zeros((0, 4))
+    ev = sorted((int(t), int(i), k) for i in ok for k, t in enumerate(rec.chunk_ns[i]))
+    groups: list[list[tuple[int, int, int]]] = []
+    for e in ev:
+        if groups and e[0] - groups[-1][-1][0] < STEP_GROUP_NS:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    rows = []
+    for before, step in itertools.pairwise(groups):
+        prev = {(i, k) for _, i, k in before}
+        decodes = [(i, k) for _, i, k in step if k > 0]
+        if not decodes or any((i, k - 1) not in prev for i, k in decodes):
+            continue
+        prefill = sum(int(rec.prompt_tokens[i]) for _, i, k in step if k == 0)
+        kv = sum(int(rec.prompt_tokens[i]) + k for i, k in decodes)
+        rows.append((prefill, len(decodes), kv, (step[0][0] - before[0][0]) / 1e6))
+    return np.array(rows, float).reshape(-1, 4)
+
+
+def step_notes(rec: RunRecords, model: ProfileStepModel) -> tuple[str, ...]:
+    """Decode steps under load, by the number of sequences, measured (from the streams,
+    `steps_seen`) against the step model: where the step model misses under load."""
+    rows = steps_seen(rec)
+    parts = []
+    for c in np.unique(rows[:, 1]).astype(int) if rows.size else []:
+        sel = (rows[:, 0] == 0) & (rows[:, 1] == c)
+        if sel.sum() < STEP_NOTE_MIN:
+            continue
+        measured = float(np.median(rows[sel, 3]))
+        model_ms = float(np.median([model.step_s(c, 0.0, kv, c) * 1e3
+                                    for kv in rows[sel, 2]]))
+        parts.append(f"{c} seq {measured:.1f} ms vs {model_ms:.1f} "
+                     f"({(model_ms - measured) / measured * 100:+.0f}%, {int(sel.sum())} steps)")
+    if not parts:
+        return ()
+    return ("decode steps under load, from the streams' chunk times (median, measured vs "
+            "the step model): " + "; ".join(parts),)
+
+
 CACHED_NOTE_SHARE = 0.05  # a unique prompt shares a token or two with others at most
 
 
@@ -559,7 +614,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             own = server_tpot_ms(rec)
             own_p50 = float(np.median(own)) if own.size else None
             notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
-                              drift, own_p50) + cache_note(rec)
+                              drift, own_p50) + step_notes(rec, profile.model) + cache_note(rec)
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
                                     metrics.send_late_p99_ms, metrics.failed, notes, drift,
                                     own_p50))
