@@ -271,6 +271,8 @@ def test_validate_against_a_real_llama_server(llama_pinned: str, tmp_path: Path)
                    for name, bound in (("TTFT p50 (ms)", 25), ("TTFT p99 (ms)", 50),
                                        ("TPOT p50 (ms)", tpot_bound[share]))
                    if not abs(figs[name]["error_pct"]) <= bound]
+        # the steps read back from real streams, and the simulator run again on them
+        assert any(n.startswith("given this load's own") for n in rate["notes"]), rate
         # the server's own clock agrees with the client's: the way out adds nothing here
         assert rate["server_tpot_p50_ms"] == pytest.approx(figs["TPOT p50 (ms)"]["measured"],
                                                            rel=0.1)

@@ -264,3 +264,40 @@ def test_steps_are_read_from_the_streams_chunk_times() -> None:
     bunched = records([{"intended": 0, "done": 1, "chunks": [0, 10 * MS], "output": 5}])
     assert steps_seen(bunched).shape == (0, 4)
     assert step_notes(bunched, model) == ()
+
+
+def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
+    """A profile that put decode steps at 5 ms where the load's ran at 10: TPOT misses
+    by half on the profile alone, and given the load's own steps (read from the
+    streams) it comes back near the measurement."""
+    import re
+
+    from servelab.llm.rules import SchedulingRule
+    from servelab.llm.serving import ProfileStepModel
+    from servelab.measure.llm_validate import (
+        Profile,
+        ServerLimits,
+        given_run_steps,
+        simulate_same,
+    )
+
+    rows = ((8, 0, 0, 10.0), (16, 0, 0, 10.0), (0, 1, 9, 5.0), (0, 2, 18, 5.0))
+    p, d, k, ms = (np.array(c, float) for c in zip(*rows, strict=True))
+    profile = Profile(tuple(int(x) for x in p), tuple(int(x) for x in d), tuple(k),
+                      tuple(ms), 0.0, ProfileStepModel.fit(p, d, k, ms, relative=True), True)
+    limits = ServerLimits(SchedulingRule.LLAMA_CPP, 4, 1024, 2048, "test")
+    steps = range(10, 310, 10)  # both prompts in the first 10 ms step, then 29 decodes
+    rec = records([{"intended": 0, "done": 300 * MS, "chunks": [x * MS for x in steps],
+                    "prompt": 8},
+                   {"intended": 0, "done": 300 * MS, "chunks": [x * MS + 100 for x in steps],
+                    "prompt": 8}])
+    sim = simulate_same(rec, limits, profile)
+    [note] = given_run_steps(rec, limits, profile, sim)
+    given, alone = (float(x) for x in re.search(
+        r"TPOT p50 ([-+0-9.]+)% \(profile alone ([-+0-9.]+)%\)", note).groups())
+    assert alone < -25  # the profile's 5 ms decodes (fitted to 6.7) against 10 measured
+    assert abs(given) < 10
+    assert "29 steps" in note
+    few = records([{"intended": 0, "done": 30 * MS, "chunks": [10 * MS, 20 * MS],
+                    "prompt": 8}])
+    assert given_run_steps(few, limits, profile, simulate_same(few, limits, profile)) == ()

@@ -525,15 +525,41 @@ def cache_note(rec: RunRecords) -> tuple[str, ...]:
             "sends the same prompts: give another --seed or restart the server",)
 
 
+def given_run_steps(rec: RunRecords, limits: ServerLimits, profile: Profile,
+                    sim: ServingResult) -> tuple[str, ...]:
+    """The v2 side's "given the run's batch times", for an LLM server: the step model
+    refitted on the profile's rows and the steps this load made (`steps_seen`), and the
+    simulator run again. Where that holds TPOT, the scheduling rule is right and the
+    miss is in how fast the steps ran under load; where it does not, the rule is off."""
+    seen = steps_seen(rec)
+    if seen.shape[0] < STEP_NOTE_MIN:
+        return ()
+    rows = np.column_stack([profile.prefill_tokens, profile.decode_seqs,
+                            profile.kv_tokens_read, profile.step_ms])
+    both = np.vstack([rows, seen])
+    model = ProfileStepModel.fit(both[:, 0], both[:, 1], both[:, 2], both[:, 3],
+                                 source="the profile and this load's steps", relative=True)
+    again = simulate_same(rec, limits, profile, model=model)
+    by_profile = {f.name: f for f in _figures(rec, sim, profile.overhead_ms)}
+    given = {f.name: f for f in _figures(rec, again, profile.overhead_ms)}
+    parts = [f"{name.split(' (')[0]} {given[name].error_pct:+.1f}% (profile alone "
+             f"{by_profile[name].error_pct:+.1f}%)"
+             for name in ("TTFT p50 (ms)", "TPOT p50 (ms)", "E2EL p50 (ms)")]
+    return (f"given this load's own {seen.shape[0]} steps (refitted with the profile): "
+            + ", ".join(parts),)
+
+
 def simulate_same(rec: RunRecords, limits: ServerLimits, profile: Profile,
-                  max_concurrency: int = 0) -> ServingResult:
-    """The simulator on a step's own intended times and the lengths the server counted."""
+                  max_concurrency: int = 0, model: ProfileStepModel | None = None
+                  ) -> ServingResult:
+    """The simulator on a step's own intended times and the lengths the server counted
+    (`model`: another step model than the profile's)."""
     ok = rec.ok
     req = Requests(arrival_s=rec.intended_ns[ok] / 1e9,
                    prompt=np.maximum(rec.prompt_tokens[ok], 1),
                    output=np.maximum(rec.output_tokens[ok], 1),
                    prefix_hit=np.zeros(int(ok.sum()), bool))
-    return simulate_serving(req, limits.scheduler(), profile.model, max_concurrency)
+    return simulate_serving(req, limits.scheduler(), model or profile.model, max_concurrency)
 
 
 def _figures(rec: RunRecords, sim: ServingResult, overhead_ms: float) -> tuple[Compared, ...]:
@@ -614,7 +640,8 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             own = server_tpot_ms(rec)
             own_p50 = float(np.median(own)) if own.size else None
             notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
-                              drift, own_p50) + step_notes(rec, profile.model) + cache_note(rec)
+                              drift, own_p50) + step_notes(rec, profile.model)
+            notes += given_run_steps(rec, limits, profile, sim) + cache_note(rec)
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
                                     metrics.send_late_p99_ms, metrics.failed, notes, drift,
                                     own_p50))
