@@ -277,6 +277,8 @@ def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
     from servelab.measure.llm_validate import (
         Profile,
         ServerLimits,
+        _figures,
+        given_note,
         given_run_steps,
         simulate_same,
     )
@@ -291,13 +293,17 @@ def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
                     "prompt": 8},
                    {"intended": 0, "done": 300 * MS, "chunks": [x * MS + 100 for x in steps],
                     "prompt": 8}])
-    sim = simulate_same(rec, limits, profile)
-    [note] = given_run_steps(rec, limits, profile, sim)
-    given, alone = (float(x) for x in re.search(
+    alone = _figures(rec, simulate_same(rec, limits, profile), profile.overhead_ms)
+    seen, given = given_run_steps(rec, limits, profile)
+    assert seen == 29
+    [note] = given_note(seen, given, alone)
+    tpot_given, tpot_alone = (float(x) for x in re.search(
         r"TPOT p50 ([-+0-9.]+)% \(profile alone ([-+0-9.]+)%\)", note).groups())
-    assert alone < -25  # the profile's 5 ms decodes (fitted to 6.7) against 10 measured
-    assert abs(given) < 10
-    assert "29 steps" in note
+    assert tpot_alone < -25  # the profile's 5 ms decodes (fitted to 6.7) against 10 measured
+    assert abs(tpot_given) < 10
+    [tpot] = [f for f in given if f.name == "TPOT p50 (ms)"]
+    assert tpot.error_pct == pytest.approx(tpot_given, abs=0.05)
     few = records([{"intended": 0, "done": 30 * MS, "chunks": [10 * MS, 20 * MS],
                     "prompt": 8}])
-    assert given_run_steps(few, limits, profile, simulate_same(few, limits, profile)) == ()
+    assert given_run_steps(few, limits, profile) == (1, ())
+    assert given_note(1, (), alone) == ()

@@ -203,6 +203,8 @@ class RateResult:
     notes: tuple[str, ...] = ()
     probe_drift_pct: float | None = None  # the decode probe before this step vs profiled
     server_tpot_p50_ms: float | None = None  # TPOT by the server's own clock (llama.cpp)
+    # the figures again with the step model refitted on this load's own steps
+    given_run_steps: tuple[Compared, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"offered_per_s": self.offered_per_s, "probe_drift_pct": self.probe_drift_pct,
@@ -211,7 +213,8 @@ class RateResult:
                 "figures": [f.to_dict() for f in self.figures],
                 "steps_predicted": self.steps_predicted, "steps_measured": self.steps_measured,
                 "send_late_p99_ms": self.send_late_p99_ms, "failed": self.failed,
-                "notes": list(self.notes)}
+                "notes": list(self.notes),
+                "given_run_steps": [f.to_dict() for f in self.given_run_steps]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,27 +528,38 @@ def cache_note(rec: RunRecords) -> tuple[str, ...]:
             "sends the same prompts: give another --seed or restart the server",)
 
 
-def given_run_steps(rec: RunRecords, limits: ServerLimits, profile: Profile,
-                    sim: ServingResult) -> tuple[str, ...]:
+def given_run_steps(rec: RunRecords, limits: ServerLimits, profile: Profile
+                    ) -> tuple[int, tuple[Compared, ...]]:
     """The v2 side's "given the run's batch times", for an LLM server: the step model
     refitted on the profile's rows and the steps this load made (`steps_seen`), and the
-    simulator run again. Where that holds TPOT, the scheduling rule is right and the
-    miss is in how fast the steps ran under load; where it does not, the rule is off."""
+    simulator run again; (steps seen, its figures), none under STEP_NOTE_MIN steps.
+    Where that holds TPOT, the scheduling rule is right and the miss is in how fast the
+    steps ran under load; where it does not, the rule is off."""
     seen = steps_seen(rec)
     if seen.shape[0] < STEP_NOTE_MIN:
-        return ()
+        return seen.shape[0], ()
     rows = np.column_stack([profile.prefill_tokens, profile.decode_seqs,
                             profile.kv_tokens_read, profile.step_ms])
     both = np.vstack([rows, seen])
     model = ProfileStepModel.fit(both[:, 0], both[:, 1], both[:, 2], both[:, 3],
                                  source="the profile and this load's steps", relative=True)
     again = simulate_same(rec, limits, profile, model=model)
-    by_profile = {f.name: f for f in _figures(rec, sim, profile.overhead_ms)}
-    given = {f.name: f for f in _figures(rec, again, profile.overhead_ms)}
-    parts = [f"{name.split(' (')[0]} {given[name].error_pct:+.1f}% (profile alone "
-             f"{by_profile[name].error_pct:+.1f}%)"
-             for name in ("TTFT p50 (ms)", "TPOT p50 (ms)", "E2EL p50 (ms)")]
-    return (f"given this load's own {seen.shape[0]} steps (refitted with the profile): "
+    return seen.shape[0], _figures(rec, again, profile.overhead_ms)
+
+
+GIVEN_NOTE_FIGURES = ("TTFT p50 (ms)", "TPOT p50 (ms)", "E2EL p50 (ms)")
+
+
+def given_note(steps: int, given: tuple[Compared, ...], figures: tuple[Compared, ...]
+               ) -> tuple[str, ...]:
+    """given_run_steps' figures beside the profile's, as a note."""
+    if not given:
+        return ()
+    g = {f.name: f for f in given}
+    alone = {f.name: f for f in figures}
+    parts = [f"{name.split(' (')[0]} {g[name].error_pct:+.1f}% (profile alone "
+             f"{alone[name].error_pct:+.1f}%)" for name in GIVEN_NOTE_FIGURES]
+    return (f"given this load's own {steps} steps (refitted with the profile): "
             + ", ".join(parts),)
 
 
@@ -641,10 +655,11 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             own_p50 = float(np.median(own)) if own.size else None
             notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
                               drift, own_p50) + step_notes(rec, profile.model)
-            notes += given_run_steps(rec, limits, profile, sim) + cache_note(rec)
+            seen, given = given_run_steps(rec, limits, profile)
+            notes += given_note(seen, given, figures) + cache_note(rec)
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
                                     metrics.send_late_p99_ms, metrics.failed, notes, drift,
-                                    own_p50))
+                                    own_p50, given))
             say(f"{share:.0%} of saturation ({rate:.2f}/s): "
                 + ", ".join(f"{f.name} {f.error_pct:+.1f}%" for f in figures
                             if "p50" in f.name))
