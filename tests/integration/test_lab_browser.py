@@ -454,6 +454,9 @@ def test_a_validation_report_draws_over_the_qps_chart(browser, lab_url, tmp_path
     page, watch = open_lab(browser, lab_url)
     page.wait_for_function("document.querySelector('#chart-qps .main-svg') !== null",
                            timeout=60_000)
+    # the page's own requests done (the LLM section's rate sweep follows its first
+    # answer, and on a slow host came after the file was read)
+    page.wait_for_function("document.body.dataset.llmChart !== undefined", timeout=60_000)
     before = len(watch.urls)
     page.set_input_files("#file-validation", str(good))
     page.wait_for_function("document.getElementById('chart-qps').data.some("
