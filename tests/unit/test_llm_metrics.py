@@ -258,12 +258,12 @@ def test_steps_are_read_from_the_streams_chunk_times() -> None:
                      "prompt": 8},
                     {"intended": 0, "done": 1, "chunks": [x * MS + 100 for x in steps],
                      "prompt": 8}])
-    [note] = step_notes(many, model)
+    [note] = step_notes(steps_seen(many), model)
     assert "2 seq 10.0 ms vs 10.0 (+0%, 29 steps)" in note
     # a server that bunches tokens into chunks (vLLM when behind) shows no steps
     bunched = records([{"intended": 0, "done": 1, "chunks": [0, 10 * MS], "output": 5}])
     assert steps_seen(bunched).shape == (0, 4)
-    assert step_notes(bunched, model) == ()
+    assert step_notes(steps_seen(bunched), model) == ()
 
 
 def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
@@ -281,6 +281,7 @@ def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
         given_note,
         given_run_steps,
         simulate_same,
+        steps_seen,
     )
 
     rows = ((8, 0, 0, 10.0), (16, 0, 0, 10.0), (0, 1, 9, 5.0), (0, 2, 18, 5.0))
@@ -294,9 +295,10 @@ def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
                    {"intended": 0, "done": 300 * MS, "chunks": [x * MS + 100 for x in steps],
                     "prompt": 8}])
     alone = _figures(rec, simulate_same(rec, limits, profile), profile.overhead_ms)
-    seen, given = given_run_steps(rec, limits, profile)
-    assert seen == 29
-    [note] = given_note(seen, given, alone)
+    seen = steps_seen(rec)
+    given = given_run_steps(rec, seen, limits, profile)
+    assert seen.shape[0] == 29
+    [note] = given_note(seen.shape[0], given, alone)
     tpot_given, tpot_alone = (float(x) for x in re.search(
         r"TPOT p50 ([-+0-9.]+)% \(profile alone ([-+0-9.]+)%\)", note).groups())
     assert tpot_alone < -25  # the profile's 5 ms decodes (fitted to 6.7) against 10 measured
@@ -305,5 +307,6 @@ def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
     assert tpot.error_pct == pytest.approx(tpot_given, abs=0.05)
     few = records([{"intended": 0, "done": 30 * MS, "chunks": [10 * MS, 20 * MS],
                     "prompt": 8}])
-    assert given_run_steps(few, limits, profile) == (1, ())
+    assert steps_seen(few).shape[0] == 1
+    assert given_run_steps(few, steps_seen(few), limits, profile) == ()
     assert given_note(1, (), alone) == ()

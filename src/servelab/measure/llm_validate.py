@@ -490,10 +490,9 @@ def steps_seen(rec: RunRecords) -> np.ndarray:
     return np.array(rows, float).reshape(-1, 4)
 
 
-def step_notes(rec: RunRecords, model: ProfileStepModel) -> tuple[str, ...]:
-    """Decode steps under load, by the number of sequences, measured (from the streams,
-    `steps_seen`) against the step model: where the step model misses under load."""
-    rows = steps_seen(rec)
+def step_notes(rows: np.ndarray, model: ProfileStepModel) -> tuple[str, ...]:
+    """Decode steps under load (`steps_seen`'s rows), by the number of sequences,
+    measured against the step model: where the step model misses under load."""
     parts = []
     for c in np.unique(rows[:, 1]).astype(int) if rows.size else []:
         sel = (rows[:, 0] == 0) & (rows[:, 1] == c)
@@ -528,23 +527,22 @@ def cache_note(rec: RunRecords) -> tuple[str, ...]:
             "sends the same prompts: give another --seed or restart the server",)
 
 
-def given_run_steps(rec: RunRecords, limits: ServerLimits, profile: Profile
-                    ) -> tuple[int, tuple[Compared, ...]]:
+def given_run_steps(rec: RunRecords, seen: np.ndarray, limits: ServerLimits,
+                    profile: Profile) -> tuple[Compared, ...]:
     """The v2 side's "given the run's batch times", for an LLM server: the step model
     refitted on the profile's rows and the steps this load made (`steps_seen`), and the
-    simulator run again; (steps seen, its figures), none under STEP_NOTE_MIN steps.
+    simulator run again: its figures, none under STEP_NOTE_MIN steps.
     Where that holds TPOT, the scheduling rule is right and the miss is in how fast the
     steps ran under load; where it does not, the rule is off."""
-    seen = steps_seen(rec)
     if seen.shape[0] < STEP_NOTE_MIN:
-        return seen.shape[0], ()
+        return ()
     rows = np.column_stack([profile.prefill_tokens, profile.decode_seqs,
                             profile.kv_tokens_read, profile.step_ms])
     both = np.vstack([rows, seen])
     model = ProfileStepModel.fit(both[:, 0], both[:, 1], both[:, 2], both[:, 3],
                                  source="the profile and this load's steps", relative=True)
     again = simulate_same(rec, limits, profile, model=model)
-    return seen.shape[0], _figures(rec, again, profile.overhead_ms)
+    return _figures(rec, again, profile.overhead_ms)
 
 
 GIVEN_NOTE_FIGURES = ("TTFT p50 (ms)", "TPOT p50 (ms)", "E2EL p50 (ms)")
@@ -653,10 +651,11 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             steps_measured = engine_steps(counters)
             own = server_tpot_ms(rec)
             own_p50 = float(np.median(own)) if own.size else None
-            notes = _diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
-                              drift, own_p50) + step_notes(rec, profile.model)
-            seen, given = given_run_steps(rec, limits, profile)
-            notes += given_note(seen, given, figures) + cache_note(rec)
+            seen = steps_seen(rec)
+            given = given_run_steps(rec, seen, limits, profile)
+            notes = (_diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
+                               drift, own_p50) + step_notes(seen, profile.model)
+                     + given_note(seen.shape[0], given, figures) + cache_note(rec))
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
                                     metrics.send_late_p99_ms, metrics.failed, notes, drift,
                                     own_p50, given))
@@ -678,13 +677,14 @@ def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float 
     if late_p99_ms > 10:
         notes.append(f"client: sent up to {late_p99_ms:.1f} ms late (p99); the client, not "
                      "the server, may have limited this step")
+    tpot = next(f for f in figures if f.name.startswith("TPOT p50"))
     if steps_meas:
         err = (steps_pred - steps_meas) / steps_meas * 100
         notes.append(f"scheduling: {steps_pred:,} steps simulated, {steps_meas:,.0f} decode "
                      f"calls by the server's count ({err:+.1f}%)")
-    tpot = next(f for f in figures if f.name.startswith("TPOT p50"))
-    if steps_meas and abs((steps_pred - steps_meas) / steps_meas) <= 0.1 and not tpot.ok:
-        notes.append("step model: the steps agree but TPOT misses; the step times are off")
+        if abs(err) <= 10 and not tpot.ok:
+            notes.append("step model: the steps agree but TPOT misses; the step times are "
+                         "off")
     if server_tpot_p50_ms is not None and math.isfinite(tpot.measured) and tpot.measured > 0:
         # where the client's TPOT goes: the server's steps, or the way to the client
         outside = (tpot.measured - server_tpot_p50_ms) / tpot.measured * 100
