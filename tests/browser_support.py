@@ -50,10 +50,14 @@ new MutationObserver(() => {
 }).observe(document, { subtree: true, childList: true, characterData: true });
 """
 
-# The page has finished starting: its other sections answered, plotly.js drew the charts.
+# The page has finished starting: its other sections answered, plotly.js drew the charts,
+# the paging replay (seconds of CPU in a worker process) and the LLM section's rate sweep
+# (asked for once the page rests) are done.
 SETTLED_JS = ("document.body.dataset.llmReady === '1' && "
               "document.body.dataset.driftReady === '1' && "
-              "document.querySelector('#chart-qps .main-svg') !== null")
+              "document.querySelector('#chart-qps .main-svg') !== null && "
+              "document.querySelector('#paging-status').textContent === '' && "
+              "document.querySelector('#llm-sweep-status').textContent === ''")
 
 
 def first_readout_ms(browser, url: str) -> float:  # type: ignore[no-untyped-def]

@@ -639,7 +639,50 @@ _SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
     }),
 }
 
-_TOP = {"name", "description", *_SECTIONS}
+# [lab.drift]: the lab's "Features and drift" view (the feature shown and the what-if applied
+# to its sample), so Export/Load TOML keep it. Not part of the deployment: every command but
+# the lab checks it and goes on without it. Ranges are the page's sliders'.
+LAB_DRIFT: dict[str, Callable[[str, Any], Any]] = {
+    "feature": _str,
+    "mean_shift": _num(-2, 2),
+    "spread": _num(0.25, 3),
+    "missing": _num(0, 0.5),
+    "new_category": _num(0, 0.5),
+    "rows": _int(50, 20_000),
+}
+# [lab.paging]: the paged-vs-contiguous replay's settings (`servelab kv paging`'s, in the
+# lab's bounds; max_len 0 is the context length).
+LAB_PAGING_MAX_REQUESTS = 5000
+LAB_PAGING_MAX_LEN = 131_072
+LAB_PAGING: dict[str, Callable[[str, Any], Any]] = {
+    "requests": _int(1, LAB_PAGING_MAX_REQUESTS),
+    "max_len": _int(0, LAB_PAGING_MAX_LEN),
+    "prefix_tokens": _int(0, LAB_PAGING_MAX_LEN - 1),
+}
+_LAB = {"drift": LAB_DRIFT, "paging": LAB_PAGING}
+_TOP = {"name", "description", "lab", *_SECTIONS}
+
+
+def lab_view(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The scenario file's [lab] tables, checked: {"drift": {key: value}} (empty if none)."""
+    lab = raw.get("lab", {})
+    if not isinstance(lab, Mapping):
+        raise invalid("[lab]", lab, "a table of lab views, e.g. [lab.drift]",
+                      "write [lab.drift] on its own line, keys below")
+    out: dict[str, dict[str, Any]] = {}
+    for view, table in lab.items():
+        if view not in _LAB:
+            raise unknown_key("[lab]", view, _LAB)
+        if not isinstance(table, Mapping):
+            raise invalid(f"[lab.{view}]", table, "a table of keys",
+                          f"write [lab.{view}] on its own line, keys below")
+        rules = _LAB[view]
+        out[view] = {}
+        for key, v in table.items():
+            if key not in rules:
+                raise unknown_key(f"[lab.{view}]", key, rules)
+            out[view][key] = rules[key](f"[lab.{view}] {key}", v)
+    return out
 
 # Which [model] keys each service-time kind takes (beyond kind/name/variability/cv).
 _MODEL_KEYS = {
@@ -766,6 +809,8 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: str | Path | None = "."
             raise unknown_key("scenario", key, _TOP)
         if key in ("name", "description"):
             parts[key] = _str(key, v)
+        elif key == "lab":
+            lab_view(raw)  # checked; the lab reads it, the scenario does not hold it
         else:
             parts[key] = _section(key, v)
     if "model" in parts:

@@ -143,3 +143,34 @@ def test_ctrl_c_leaves_no_worker_process_behind():
         while any(alive(k) for k in kids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [k for k in kids if alive(k)], "a worker outlived the lab"
+
+
+def test_ctrl_c_after_a_replay_stops_cleanly(tmp_path):
+    """Issue 29: stopping the lab printed multiprocessing's leaked-semaphore warnings. After
+    a paging replay (the worker process used), Ctrl+C ends it with status 0 and nothing on
+    stderr but its own two lines."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    err = tmp_path / "stderr"
+    with err.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "servelab", "lab", "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "/api/meta", timeout=2).status_code == 200:
+                        break
+                assert proc.poll() is None, err.read_text()
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.2)
+            r = httpx.post(url + "/api/paging", json={"state": default_state()}, timeout=60)
+            assert r.status_code == 200, r.text
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lines = err.read_text().splitlines()
+    assert [ln for ln in lines if not ln.startswith("servelab lab")] == [], lines

@@ -63,6 +63,30 @@ def test_parse_toml_and_reject_garbage(client):
     assert "not valid TOML" in r.json()["error"]
 
 
+def test_load_toml_gives_back_the_sections_lab_tables(client):
+    """Issue 29: Export writes the drift and paging sections as [lab.*] tables; Load reads
+    them back checked, and every command reads the file as the scenario without them."""
+    from servelab.files import parse_toml
+    from servelab.scenario import scenario_from_dict, scenario_to_toml
+
+    text = scenario_to_toml(load_scenario("seed")) + (
+        '\n[lab.drift]\nfeature = "country"\nmissing = 0.2\nrows = 500\n'
+        "\n[lab.paging]\nrequests = 300\nprefix_tokens = 64\n")
+    r = client.post("/api/parse", json={"toml": text})
+    assert r.status_code == 200, r.text
+    assert r.json()["lab"] == {"drift": {"feature": "country", "missing": 0.2, "rows": 500},
+                               "paging": {"requests": 300, "prefix_tokens": 64}}
+    seed = load_scenario("seed")
+    assert scenario_from_dict(parse_toml(text, "x"), base_dir=seed.base_dir) == seed
+    for bad, said in (('[lab.drift]\nfeature = "zip"', "[lab.drift] feature = 'zip'"),
+                      ("[lab.drift]\nmean_shift = 9", "[lab.drift] mean_shift = 9"),
+                      ("[lab.paging]\nrequests = 0", "[lab.paging] requests = 0"),
+                      ("[lab.pagin]\nrequests = 1", "did you mean 'paging'")):
+        r = client.post("/api/parse", json={"toml": bad})
+        assert r.status_code == 400, bad
+        assert said in r.json()["error"], r.text
+
+
 def test_charts_and_paging_shapes(client):
     st = default_state()
     c = client.post("/api/charts", json={"state": st}).json()

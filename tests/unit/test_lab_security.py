@@ -338,6 +338,37 @@ def test_generated_toml(client, text):
         assert_json_error(r, 400)
 
 
+lab_values = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                      st.text(max_size=30), st.booleans(), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=int(os.environ.get("SERVELAB_FUZZ_EXAMPLES", "80")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lab=st.dictionaries(
+    st.sampled_from(["drift", "paging", "Drift", "other"]),
+    st.one_of(lab_values, st.dictionaries(
+        st.sampled_from(["feature", "mean_shift", "spread", "missing", "new_category", "rows",
+                         "requests", "max_len", "prefix_tokens", "rowz"]),
+        st.one_of(lab_values, st.sampled_from(["country", "avg_amount_7d"])), max_size=4)),
+    max_size=3))
+def test_generated_lab_tables(client, lab):
+    """Load TOML's [lab] tables (the drift and paging sections): any value is taken within
+    its range or refused in one line that names the key."""
+    import tomli_w
+
+    try:
+        text = 'name = "x"\n' + tomli_w.dumps({"lab": lab})
+    except (TypeError, ValueError):
+        return  # not TOML (a NaN is; nested None is not)
+    r = client.post("/api/parse", json={"toml": text})
+    assert r.status_code in (200, 400), (r.status_code, text, r.text[:300])
+    if r.status_code == 400:
+        assert_json_error(r, 400)
+        assert "[lab" in r.json()["error"], r.text
+    else:
+        assert set(r.json()["lab"]) == set(lab)
+
+
 # ---------------------------------------------------------------------------
 # The drift section's endpoint: any body is a 200 or one JSON line with a 400
 

@@ -27,6 +27,7 @@ FEATURES = ["user_stats:txn_count_7d", "user_stats:avg_amount_7d",
             "user_stats:failed_logins_1d", "merchant_risk:risk_score",
             "user_stats:country", "merchant_risk:category"]
 MAX_ROWS = 100_000
+FEATURE_NAMES = [ref.split(":")[1] for ref in FEATURES]
 
 
 class DriftIn(BaseModel):
@@ -37,6 +38,13 @@ class DriftIn(BaseModel):
     new_category: float = Field(0.0, ge=0, le=0.9)  # share given a category never seen
     rows: int = Field(2000, ge=20, le=MAX_ROWS)
     seed: int = Field(0, ge=0, le=2**31)
+
+
+def check_feature(name: str | None, field: str = "[lab.drift] feature") -> None:
+    """A feature the section can show (None: not given)."""
+    if name is not None and name not in FEATURE_NAMES:
+        raise invalid(field, name, f"one of {', '.join(FEATURE_NAMES)}",
+                      "pick a feature of the example repo")
 
 
 class DriftLab:
@@ -85,9 +93,7 @@ class DriftLab:
 
     def compute(self, q: DriftIn) -> dict[str, Any]:
         self.ready()
-        if q.feature not in self.reference:
-            raise invalid("feature", q.feature, f"one of {', '.join(self.reference)}",
-                          "pick a feature of the example repo")
+        check_feature(q.feature, "feature")
         ref = self.reference[q.feature]
         rng = np.random.default_rng(q.seed)
         cur = ref[rng.integers(0, ref.size, q.rows)].copy()

@@ -33,7 +33,7 @@ from servelab.errors import InputError, ServelabError, cut, invalid
 from servelab.files import parse_toml
 from servelab.http import LOOPBACK_HOSTS, GuardMiddleware, error_response, json_response
 from servelab.lab import background
-from servelab.lab.drift_lab import DriftIn, DriftLab
+from servelab.lab.drift_lab import DriftIn, DriftLab, check_feature
 from servelab.lab.llm_lab import LlmIn, one_deployment
 from servelab.lab.llm_lab import run as run_llm
 from servelab.lab.llm_lab import sweep as sweep_llm
@@ -42,10 +42,13 @@ from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec
 from servelab.report import build_report, jsonable, variable_latency_s
 from servelab.scenario import (
+    LAB_PAGING_MAX_LEN,
+    LAB_PAGING_MAX_REQUESTS,
     MAX_QPS,
     MAX_SPAN_S,
     Scenario,
     flatten,
+    lab_view,
     load_scenario,
     scenario_from_dict,
     scenario_from_flat,
@@ -62,8 +65,8 @@ CHART_REQUESTS = 5_000
 # The paged-vs-contiguous replay: `servelab kv paging`'s defaults (2,000 requests, the
 # longest sequence the context length, no shared prefix), editable on the page up to caps.
 PAGING_REQUESTS = 2000
-PAGING_MAX_REQUESTS = 5000
-PAGING_MAX_LEN = 131_072
+PAGING_MAX_REQUESTS = LAB_PAGING_MAX_REQUESTS
+PAGING_MAX_LEN = LAB_PAGING_MAX_LEN
 # Bounded work per call, so one page cannot take the server from everyone else: an
 # interactive update simulates at most this many requests (the page says when it caps),
 # the planner searches at most this many GPUs, and a request body is at most this large.
@@ -473,7 +476,9 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
                 s.resolve_path(path, field)
         for _, path in s.model.perf_analyzer_csv:
             s.resolve_path(path, "[model] perf_analyzer_csv")
-        return {"state": flatten(scenario_to_dict(s))}
+        lab = lab_view(raw)
+        check_feature(lab.get("drift", {}).get("feature"))
+        return {"state": flatten(scenario_to_dict(s)), "lab": lab}
 
     return app
 

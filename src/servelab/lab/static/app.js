@@ -237,9 +237,15 @@ function set(key, value, charts = true) {
   schedule(charts);
 }
 
+// A full run waits for the one in flight, except a preview's: the full run starts at once
+// beside it (a click on a slider previews on the press and is final on the release), and
+// the preview's answer, older than the run that overtook it, is dropped.
+let runs = 0;  // each refresh's number; only the newest one's answer is shown
+let previewRun = 0;  // the number of the preview in flight, 0 when none
+
 function schedule(charts = true) {
   wantCharts = wantCharts || charts;
-  if (inFlight) { dirty = true; return; }
+  if (inFlight && !(previewRun && !dragging)) { dirty = true; return; }
   refresh();
 }
 
@@ -251,19 +257,25 @@ async function post(url, body) {
 }
 
 async function refresh() {
+  const run = ++runs;
   inFlight = true;
   dirty = false;
   const sent = { ...state };
+  const preview = dragging;
+  previewRun = preview ? run : 0;
   $("#status").textContent = "computing…";
   try {
     const poolChanged = JSON.stringify(deploymentKey(sent)) !== JSON.stringify(last.poolKey);
     const withCharts = wantCharts || !last.charts;
     wantCharts = false;
-    const preview = dragging;
-    const [upd, charts] = await Promise.all([post("/api/update", { state: sent, preview }),
-      withCharts ? post("/api/charts", { state: sent }) : Promise.resolve(last.charts)]);
+    // The read-outs first: the charts' sweeps are asked for once they have arrived (on two
+    // cores the two runs side by side slowed the read-outs to the pair's time), and are
+    // drawn when theirs arrive.
+    const upd = await post("/api/update", { state: sent, preview });
+    if (run !== runs) return;  // overtaken by a newer run
+    const chartsAsked = withCharts ? post("/api/charts", { state: sent }) : null;
+    if (chartsAsked) chartsAsked.catch(() => {});  // awaited below; no unhandled rejection
     last.update = upd;
-    last.charts = charts;
     // Adopt the server's normalised state (e.g. "h100" -> "H100-SXM") unless the user
     // changed something while this request was in flight.
     // (The LLM section's sliders write the state between updates: theirs are kept.)
@@ -277,19 +289,30 @@ async function refresh() {
     }
     clearError();
     $("#results").dataset.preview = upd.preview ? "1" : "";
-    render();
+    renderReadouts();
+    renderNotes(allNotes());
     writeUrl();
     showPreset();
-    $("#status").textContent = "";
     document.body.dataset.ready = "1";
     if (!sectionsStarted) requestAnimationFrame(() => setTimeout(startSections, 0));
+    if (chartsAsked) {
+      const charts = await chartsAsked;
+      if (run !== runs) return;
+      last.charts = charts;
+    }
+    drawLater();
+    $("#status").textContent = "";
   } catch (err) {
+    if (run !== runs) return;
     showError(err.message);
     $("#status").textContent = "";
     $("#results").dataset.stale = "1";  // the read-outs are from the last good state
   } finally {
-    inFlight = false;
-    if (dirty) refresh();
+    if (run === runs) {
+      inFlight = false;
+      previewRun = 0;
+      if (dirty) refresh();
+    }
   }
 }
 
@@ -303,9 +326,17 @@ function pagingSettings() {
 let pagingWanted = null;  // the pool key of the latest paging request
 let pagingTimer = null;
 let pagingBusy = false;
+// While a replay runs, the card says its figures are the previous settings' (faded, with
+// a line on the card); they are replaced when the replay answers.
+function pagingPending(on) {
+  $("#card-paging").dataset.pending = on && last.paging ? "1" : "";
+  $("#paging-card-status").textContent = on ? (last.paging ? "· replaying for the new settings…" : "· replaying…") : "";
+  $("#paging-status").textContent = on ? "(replaying allocations…)" : "";
+}
+
 function refreshPaging(sent, key) {
   pagingWanted = key;
-  $("#paging-status").textContent = "(replaying allocations…)";
+  pagingPending(true);
   clearTimeout(pagingTimer);
   pagingTimer = setTimeout(() => runPaging(sent, key), last.paging ? 400 : 0);
 }
@@ -318,13 +349,17 @@ async function runPaging(sent, key) {
     const paging = await post("/api/paging", { state: sent, ...pagingSettings() });
     if (pagingWanted !== key) return;  // a newer pool was asked for meanwhile
     last.paging = paging;
-    $("#paging-status").textContent = "";
+    pagingPending(false);
     renderReadouts();
     renderNotes(allNotes());
     drawLater();
   } catch (err) {
     if (pagingWanted !== key) return;
-    $("#paging-status").textContent = "";
+    pagingPending(false);
+    if (last.paging) {  // the card keeps the previous settings' figures: it says so
+      $("#card-paging").dataset.pending = "1";
+      $("#paging-card-status").textContent = "· the previous settings' (the new ones failed)";
+    }
     showError(err.message);
   } finally {
     pagingBusy = false;
@@ -424,7 +459,7 @@ function renderReadouts() {
 
 let drawPending = false;
 function drawLater() {
-  if (drawPending) return;
+  if (drawPending || !last.update || !last.charts) return;  // the first charts not here yet
   drawPending = true;
   // a frame for the read-outs to paint, then the charts in a task of their own
   requestAnimationFrame(() => setTimeout(() => { drawPending = false; drawCharts(); }, 0));
@@ -572,12 +607,13 @@ function removeValidation() {
 // The drift section's controls are in the link too, as "drift.ID" (the element ids
 // without their prefix), where they differ from the page's defaults; a link restores
 // them before the section's first run. (The LLM section's are [llm] keys of the state.)
-const SECTION_CONTROLS = { drift: "#drift-controls" };
-const SECTION_PREFIX = { drift: "drift-" };
+const SECTION_CONTROLS = { drift: "#drift-controls", paging: "#paging-settings" };
+const SECTION_PREFIX = { drift: "drift-", paging: "paging-" };
 let sectionUrl = {};  // what the link gave, until each section has applied it
 
 function sectionElements(section) {
-  return [...document.querySelectorAll(`${SECTION_CONTROLS[section]} select, ${SECTION_CONTROLS[section]} input[type=range]`)];
+  const at = SECTION_CONTROLS[section];
+  return [...document.querySelectorAll(`${at} select, ${at} input[type=range], ${at} input[type=number]`)];
 }
 
 function sectionParams() {
@@ -591,10 +627,10 @@ function sectionParams() {
   return out;
 }
 
-// A section's defaults (taken once its options exist), then the link's values.
+// A section's defaults (taken once, when its options exist), then the link's values.
 function applySectionUrl(section) {
   for (const el of sectionElements(section)) {
-    el.dataset.default = el.value;
+    if (el.dataset.default === undefined) el.dataset.default = el.value;
     const v = sectionUrl[`${section}.${el.id.slice(SECTION_PREFIX[section].length)}`];
     if (v === undefined) continue;
     setControl(el, v);
@@ -613,6 +649,45 @@ function resetSection(section) {
   for (const el of sectionElements(section)) {
     if (el.dataset.default !== undefined) setControl(el, el.dataset.default);
   }
+}
+
+// Export/Load TOML keep the sections as [lab.drift] and [lab.paging] (their keys are
+// /api/drift's and /api/paging's): the controls that differ from the page's defaults, as in
+// the link.
+const LAB_TOML = {
+  drift: { feature: "feature", shift: "mean_shift", spread: "spread", missing: "missing",
+    new: "new_category", rows: "rows" },
+  paging: { requests: "requests", "max-len": "max_len", prefix: "prefix_tokens" },
+};
+
+function labToml() {
+  const tables = {};
+  for (const [k, v] of Object.entries(sectionParams())) {
+    const [section, id] = [k.split(".")[0], k.slice(k.indexOf(".") + 1)];
+    const key = (LAB_TOML[section] || {})[id];
+    if (!key) continue;
+    (tables[section] ||= []).push(`${key} = ${id === "feature" ? JSON.stringify(v) : Number(v)}`);
+  }
+  return Object.entries(tables).map(([t, lines]) => `\n[lab.${t}]\n${lines.join("\n")}\n`).join("");
+}
+
+// A loaded file's [lab] tables: every section back to its defaults, then the file's values.
+function applyLab(lab) {
+  sectionUrl = {};
+  for (const [section, keys] of Object.entries(LAB_TOML)) {
+    const given = (lab && lab[section]) || {};
+    for (const [id, key] of Object.entries(keys)) {
+      if (key in given) sectionUrl[`${section}.${id}`] = String(given[key]);
+    }
+  }
+  resetSection("paging");
+  applySectionUrl("paging");
+  if (last.poolKey) refreshPaging({ ...state }, {});
+  if (!DRIFT.meta) return;  // the drift section applies sectionUrl when it starts
+  resetSection("drift");
+  applySectionUrl("drift");
+  driftKindControls();
+  driftRefresh();
 }
 
 function writeUrl() {
@@ -648,16 +723,20 @@ async function init() {
   META = await (await fetch("/api/meta")).json();
   buildControls();
   state = readUrl();
+  applySectionUrl("paging");  // before the first update, which starts the replay
   showControls();
   showPreset();
-  $("#btn-export").addEventListener("click", () => download("scenario.toml", last.update.toml));
+  $("#btn-export").addEventListener("click", () => download("scenario.toml", last.update.toml + labToml()));
   $("#btn-link").addEventListener("click", async () => {
     try { await navigator.clipboard.writeText(location.href); $("#status").textContent = "link copied"; }
     catch { $("#status").textContent = location.href; }
   });
   $("#btn-load").addEventListener("click", () => $("#file-load").click());
   for (const id of ["#paging-requests", "#paging-max-len", "#paging-prefix"]) {
-    $(id).addEventListener("change", () => { if (last.poolKey) refreshPaging({ ...state }, {}); });
+    $(id).addEventListener("change", () => {
+      writeUrl();
+      if (last.poolKey) refreshPaging({ ...state }, {});
+    });
   }
   $("#btn-validation").addEventListener("click", () => $("#file-validation").click());
   $("#file-validation").addEventListener("change", async (e) => {
@@ -680,6 +759,8 @@ async function init() {
     removeValidation();
     removeLlmValidation(false);  // one LLM run below, on the reset state
     resetSection("drift");
+    resetSection("paging");
+    if (last.poolKey) refreshPaging({ ...state }, {});
     showLlmControls();
     llmRefresh();
     if (DRIFT.meta) { driftKindControls(); driftRefresh(); }
@@ -692,6 +773,7 @@ async function init() {
     try {
       const parsed = await post("/api/parse", { toml: await file.text() });
       state = parsed.state;
+      applyLab(parsed.lab);
       showControls();
       showLlmControls();
       schedule();
