@@ -752,6 +752,10 @@ def test_a_link_and_an_exported_file_restore_every_section(browser, lab_url, tmp
     assert all_settled(loaded, want) == want
     assert (loaded.input_value("#drift-feature"), loaded.input_value("#paging-requests")) == (
         "risk_score", "400")
+    loaded.click("#btn-reset")  # Reset puts every section back, the replay's settings too
+    loaded.wait_for_function("location.search === ''", timeout=60_000)
+    assert (loaded.input_value("#drift-feature"), loaded.input_value("#paging-requests"),
+            loaded.input_value("#paging-prefix")) == ("avg_amount_7d", "2000", "0")
     assert watch.errors + linked_watch.errors + loaded_watch.errors == []
     for p in (page, linked, loaded):
         p.close()
