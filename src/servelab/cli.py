@@ -107,14 +107,12 @@ def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario
     try:
         return load(params["scenario"], given)
     except InputError as exc:
-        msg = str(exc)
+        # a flag's value: the message names the flag as typed and the key it sets
         for name, key in keys.items():
-            section, _, field = key.partition(".")
-            label = f"[{section}] {field}"
-            if given.get(key) is not None and msg.startswith(label):
+            if exc.key == key and given.get(key) is not None:
                 flag = "--" + name.replace("_", "-")
-                raise InputError(f"{flag} ({label}){msg[len(field) + len(section) + 3:]}"
-                                 ) from None
+                raise InputError(f"{flag} ({exc.field}){exc.detail}", field=flag,
+                                 detail=exc.detail) from None
         raise
 
 

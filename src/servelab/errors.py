@@ -16,7 +16,20 @@ class ServelabError(Exception):
 
 
 class InputError(ServelabError, ValueError):
-    """A value given by the user is wrong: a scenario key, a flag, a file's contents."""
+    """A value given by the user is wrong: a scenario key, a flag, a file's contents.
+
+    Built by `invalid`, it carries the field as the message names it (`field`, e.g.
+    "[workload] qps"), the scenario key when the field is one (`key`, "workload.qps"),
+    and the message after the field (`detail`), so a caller that knows the field by
+    another name (a CLI flag) can say it without parsing the text.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, key: str | None = None,
+                 detail: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.key = key
+        self.detail = detail
 
 
 class ConfigError(ServelabError):
@@ -52,8 +65,13 @@ def shown(value: Any) -> str:
 
 
 def invalid(field: str, value: Any, expected: str, fix: str) -> InputError:
-    """Build the standard message: field, value, what was expected, the fix."""
-    return InputError(f"{field} = {shown(value)}: expected {expected}; fix: {fix}")
+    """Build the standard message: field, value, what was expected, the fix. A field
+    named as a scenario key ("[section] key") carries that key ("section.key")."""
+    detail = f" = {shown(value)}: expected {expected}; fix: {fix}"
+    section, _, key = field.partition("] ")
+    flat = (f"{section[1:]}.{key}" if section.startswith("[") and key.isidentifier()
+            else None)
+    return InputError(field + detail, field=field, key=flat, detail=detail)
 
 
 def unknown_key(field: str, key: str, valid: Iterable[str]) -> InputError:
