@@ -382,59 +382,63 @@ ArLatOpt = Annotated[float | None, typer.Option(help=StepOpts["allreduce_latency
 FrontOpt = Annotated[float | None, typer.Option(help=StepOpts["frontend_ms"])]
 
 
+ReplicaTpOpt = Annotated[int | None, typer.Option(
+    "--tp", "--tensor-parallel-size", "-tp", help="GPUs per replica (tensor-parallel size).")]
+ReplicasOpt = Annotated[int | None, typer.Option(
+    help="Replicas, each of --tp GPUs ([llm] replicas, default 1).")]
+MaxSeqsOpt = Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")]
+MaxTokensOpt = Annotated[int | None, typer.Option(
+    help="vLLM max_num_batched_tokens (the token budget of a step).")]
+ArrivalOpt = Annotated[str | None, typer.Option(
+    help="poisson or constant ([llm] arrival, default poisson).")]
+ConcurrencyOpt = Annotated[int | None, typer.Option(
+    help="A closed loop: at most this many requests out at once, each sent when one "
+    "finishes, as `vllm bench serve --max-concurrency` (with --rate inf: all ready at "
+    "once). Default 0: open loop.")]
+ChunkedOpt = Annotated[bool | None, typer.Option(
+    "--chunked-prefill/--no-chunked-prefill",
+    "--enable-chunked-prefill/--no-enable-chunked-prefill",
+    help="vLLM enable_chunked_prefill ([llm] enable_chunked_prefill, on in v1).")]
+PrefixCachingOpt = Annotated[bool | None, typer.Option(
+    "--prefix-caching/--no-prefix-caching",
+    "--enable-prefix-caching/--no-enable-prefix-caching",
+    help="vLLM enable_prefix_caching, with --prefix-tokens shared.")]
+PrefixTokensOpt = Annotated[int | None, typer.Option(
+    help="Tokens of the shared prefix ([llm] prefix_tokens).")]
+PrefixShareOpt = Annotated[float | None, typer.Option(
+    help="Share of requests that start with the shared prefix.")]
+BlocksOverrideOpt = Annotated[int | None, typer.Option(
+    help="KV blocks per replica as given, not sized from memory (vLLM's flag; "
+         "[llm] num_gpu_blocks_override).")]
+LlmSeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and lengths.")]
+SaveResultOpt = Annotated[Path | None, typer.Option(
+    "--save-result", help="Also write the run as `vllm bench serve --save-result` "
+    "does (per-request lengths included), which `llm fit` reads.")]
+GoodputOpt = Annotated[list[str] | None, typer.Option(
+    help="SLOs for goodput as vLLM's bench takes them, e.g. --goodput ttft:500 "
+         "--goodput tpot:50 (ms; ttft, tpot, e2el).")]
+
+
 @llm_app.command("simulate")
 def llm_simulate(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
-    weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
-    tp: Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
-                                           help="GPUs per replica (tensor-parallel size).")
-                  ] = None,
-    replicas: Annotated[int | None, typer.Option(
-        help="Replicas, each of --tp GPUs ([llm] replicas, default 1).")] = None,
-    gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
-    max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        help="vLLM max_num_batched_tokens (the token budget of a step).")] = None,
-    rate: RateOpt = None, num_requests: LlmNReqOpt = None,
-    arrival: Annotated[str | None, typer.Option(
-        help="poisson or constant ([llm] arrival, default poisson).")] = None,
-    max_concurrency: Annotated[int | None, typer.Option(
-        help="A closed loop: at most this many requests out at once, each sent when one "
-        "finishes, as `vllm bench serve --max-concurrency` (with --rate inf: all ready at "
-        "once). Default 0: open loop.")] = None,
-    burstiness: BurstOpt = None,
+    weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None, tp: ReplicaTpOpt = None,
+    replicas: ReplicasOpt = None, gpu_memory_utilization: UtilOpt = None,
+    block_size: BlockOpt = None, max_num_seqs: MaxSeqsOpt = None,
+    max_num_batched_tokens: MaxTokensOpt = None, rate: RateOpt = None,
+    num_requests: LlmNReqOpt = None, arrival: ArrivalOpt = None,
+    max_concurrency: ConcurrencyOpt = None, burstiness: BurstOpt = None,
     prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
-    lengths: LengthsOpt = None,
-    chunked_prefill: Annotated[bool | None, typer.Option(
-        "--chunked-prefill/--no-chunked-prefill",
-        "--enable-chunked-prefill/--no-enable-chunked-prefill",
-        help="vLLM enable_chunked_prefill ([llm] enable_chunked_prefill, on in v1).")
-                               ] = None,
-    prefix_caching: Annotated[bool | None, typer.Option(
-        "--prefix-caching/--no-prefix-caching",
-        "--enable-prefix-caching/--no-enable-prefix-caching",
-        help="vLLM enable_prefix_caching, with --prefix-tokens shared.")] = None,
-    prefix_tokens: Annotated[int | None, typer.Option(
-        help="Tokens of the shared prefix ([llm] prefix_tokens).")] = None,
-    prefix_hit_share: Annotated[float | None, typer.Option(
-        help="Share of requests that start with the shared prefix.")] = None,
-    scheduler: SchedulerOpt = None,
+    lengths: LengthsOpt = None, chunked_prefill: ChunkedOpt = None,
+    prefix_caching: PrefixCachingOpt = None, prefix_tokens: PrefixTokensOpt = None,
+    prefix_hit_share: PrefixShareOpt = None, scheduler: SchedulerOpt = None,
     compute_efficiency: CompEffOpt = None, memory_efficiency: MemEffOpt = None,
     overhead_ms: OverheadOpt = None, prefill_first_overhead_ms: PfOverheadOpt = None,
     per_seq_ms: PerSeqOpt = None, overlap: OverlapOpt = None,
     allreduce_latency_us: ArLatOpt = None, frontend_ms: FrontOpt = None,
-    step_profile: StepProfileOpt = None,
-    num_gpu_blocks_override: Annotated[int | None, typer.Option(
-        help="KV blocks per replica as given, not sized from memory (vLLM's flag; "
-             "[llm] num_gpu_blocks_override).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
-    save_result: Annotated[Path | None, typer.Option(
-        "--save-result", help="Also write the run as `vllm bench serve --save-result` "
-        "does (per-request lengths included), which `llm fit` reads.")] = None,
-    goodput: Annotated[list[str] | None, typer.Option(
-        help="SLOs for goodput as vLLM's bench takes them, e.g. --goodput ttft:500 "
-             "--goodput tpot:50 (ms; ttft, tpot, e2el).")] = None,
+    step_profile: StepProfileOpt = None, num_gpu_blocks_override: BlocksOverrideOpt = None,
+    seed: LlmSeedOpt = 0, save_result: SaveResultOpt = None, goodput: GoodputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Continuous batching under vLLM v1's scheduler: TTFT, TPOT, end-to-end latency,
@@ -455,7 +459,11 @@ def llm_simulate(
                                  **({"request_goodput": d["request_goodput"]} if slo else {})})
     if as_json:
         _emit_json(d)
-        return
+    else:
+        _print_llm_report(d, slo)
+
+
+def _print_llm_report(d: dict[str, Any], slo: dict[str, float]) -> None:
     t = Table(title=f"{d['model']} on {d['replicas']} x {d['tp']} {d['gpu']} "
                     f"({d['num_blocks_per_replica']:,} KV blocks a replica)",
               title_justify="left")
@@ -569,12 +577,9 @@ def llm_published(as_json: JsonOpt = False) -> None:
 def llm_plan(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
-    tp: Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
-                                           help="GPUs per replica.")] = None,
-    gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
-    max_num_seqs: Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        help="vLLM max_num_batched_tokens.")] = None,
+    tp: ReplicaTpOpt = None, gpu_memory_utilization: UtilOpt = None,
+    block_size: BlockOpt = None, max_num_seqs: MaxSeqsOpt = None,
+    max_num_batched_tokens: MaxTokensOpt = None,
     rate: RateOpt = None, num_requests: LlmNReqOpt = None,
     prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
@@ -586,9 +591,7 @@ def llm_plan(
         help="SLO: p99 time per output token, ms ([llm] tpot_p99_slo_ms, default 50).")
                            ] = None,
     max_replicas: Annotated[int, typer.Option(help="Largest replica count to try.")] = 256,
-    step_profile: StepProfileOpt = None,
-    seed: Annotated[int, typer.Option(help="Seed for arrivals and lengths.")] = 0,
-    as_json: JsonOpt = False,
+    step_profile: StepProfileOpt = None, seed: LlmSeedOpt = 0, as_json: JsonOpt = False,
 ) -> None:
     """The fewest replicas meeting p99 TTFT and TPOT SLOs, and $ per 1M tokens there."""
     from servelab.llm.serving import plan_llm
@@ -677,56 +680,15 @@ def lab(
                           ] = None,
 ) -> None:
     """Start the interactive lab in your browser (no server to install)."""
-    import os
-    import threading
-
-    import uvicorn
-
-    from servelab.http import (
-        ConnectionLimits,
-        allowed_hosts,
-        check_can_listen,
-        guarded_http_protocol,
-    )
-    from servelab.lab import background
-    from servelab.lab.server import LabConfig, create_app, warm
+    from servelab.http import allowed_hosts
+    from servelab.lab.server import LabConfig, run_lab
 
     if data_dir is not None and not data_dir.is_dir():
         raise InputError(f"--data-dir = {cut(str(data_dir))!r}: not a folder; "
                          "fix: give an existing folder, or leave it out")
     config = LabConfig(data_dir=str(data_dir.resolve()) if data_dir is not None else None,
                        allowed_hosts=allowed_hosts(host, allow_host))
-    lab_app = create_app(config)
-    check_can_listen(host, port)
-    # The first page's answers are ready before it can ask (on a first run this includes
-    # compiling the simulator, about 15 s; later runs load the compiled code).
-    stderr.print("servelab lab: preparing the seed scenario...", highlight=False)
-    warm(lab_app)
-    url = f"http://{host}:{port}"
-    stderr.print(f"servelab lab on [bold]{url}[/] (Ctrl+C to stop)", highlight=False)
-    # Ctrl+C (or SIGTERM): uvicorn starts its graceful shutdown, and a watchdog ends the
-    # process 0.6 s later whatever is still running: a simulation on a worker thread
-    # cannot be interrupted, and nothing the lab holds needs flushing.
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            threading.Timer(0.6, _quit).start()
-            super().handle_exit(sig, frame)
-
-    def _quit() -> None:
-        background.stop()  # the paging worker process goes with the lab
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-    try:
-        Server(uvicorn.Config(lab_app, host=host, port=port, log_level="warning",
-                              timeout_graceful_shutdown=1, http=guarded_http_protocol(
-                                  ConnectionLimits().fitted_to_file_limit()))).run()
-    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has stopped
-        pass
-    finally:
-        _quit()
+    run_lab(config, host, port, lambda line: stderr.print(line, highlight=False))
 
 
 MAX_SWEEP_POINTS = 1_000

@@ -320,20 +320,9 @@ def bench(
     if scenario_out is not None:
         check_writable_target(scenario_out, "--scenario-out")
     r = load_repo(repo)
-    if view is not None and view not in r.views:
-        guess = closest(view, r.views)
-        raise invalid("--view", view, f"one of {', '.join(r.views)}",
-                      f"did you mean {guess!r}?" if guess else "check the view name")
-    v = r.views[view] if view else max(r.views.values(), key=lambda x: len(x.features))
-    s = open_store(r, store)
-    from servelab.features.offline.duckdb import DuckDBEngine, q, source_sql
-
-    keys = [tuple(k) for k in DuckDBEngine(r).con.sql(
-        f"SELECT DISTINCT {', '.join(q(k) for k in v.join_keys)} FROM {source_sql(v)}"
-    ).fetchall()]
-    if not keys:
-        raise invalid("--view", v.name, "a view with rows", "materialize it first")
+    v, keys = _bench_view(r, view)
     feats = list(v.feature_names)
+    s = open_store(r, store)
     results = _time_reads(s, v, keys, feats, reads)
     s.close()
     out = {"store": store or r.config.online, "view": v.name, "features": len(feats),
@@ -351,9 +340,31 @@ def bench(
         out["scenario_out"] = str(scenario_out)
     if as_json:
         _emit(out)
-        return
-    t = Table(title=f"online reads of {len(feats)} features from {out['store']} "
-              f"({reads} each)", title_justify="left")
+    else:
+        _print_bench(out, results, scenario_out)
+
+
+def _bench_view(r: Any, view: str | None) -> tuple[Any, list[tuple[Any, ...]]]:
+    """The view `bench` reads (named, or the one with the most features) and its keys."""
+    from servelab.features.offline.duckdb import DuckDBEngine, q, source_sql
+
+    if view is not None and view not in r.views:
+        guess = closest(view, r.views)
+        raise invalid("--view", view, f"one of {', '.join(r.views)}",
+                      f"did you mean {guess!r}?" if guess else "check the view name")
+    v = r.views[view] if view else max(r.views.values(), key=lambda x: len(x.features))
+    keys = [tuple(k) for k in DuckDBEngine(r).con.sql(
+        f"SELECT DISTINCT {', '.join(q(k) for k in v.join_keys)} FROM {source_sql(v)}"
+    ).fetchall()]
+    if not keys:
+        raise invalid("--view", v.name, "a view with rows", "materialize it first")
+    return v, keys
+
+
+def _print_bench(out: dict[str, Any], results: dict[int, dict[str, float]],
+                 scenario_out: Path | None) -> None:
+    t = Table(title=f"online reads of {out['features']} features from {out['store']} "
+              f"({out['reads']} each)", title_justify="left")
     for col in ("entities per read", "p50 ms", "p99 ms"):
         t.add_column(col, justify="right")
     for b in (1, 100):

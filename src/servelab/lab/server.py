@@ -8,6 +8,7 @@ Nothing is fetched from outside: plotly.js is served from the installed
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -484,3 +485,45 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
 
 
 app = create_app()
+
+
+def run_lab(config: LabConfig, host: str, port: int, say: Callable[[str], None]) -> None:
+    """`servelab lab`: serve the lab until Ctrl+C (or SIGTERM), saying where on `say`."""
+    import os
+    import sys
+    import threading
+
+    import uvicorn
+
+    from servelab.http import ConnectionLimits, check_can_listen, guarded_http_protocol
+
+    lab_app = create_app(config)
+    check_can_listen(host, port)
+    # The first page's answers are ready before it can ask (on a first run this includes
+    # compiling the simulator, about 15 s; later runs load the compiled code).
+    say("servelab lab: preparing the seed scenario...")
+    warm(lab_app)
+    say(f"servelab lab on [bold]http://{host}:{port}[/] (Ctrl+C to stop)")
+    # Ctrl+C (or SIGTERM): uvicorn starts its graceful shutdown, and a watchdog ends the
+    # process 0.6 s later whatever is still running: a simulation on a worker thread
+    # cannot be interrupted, and nothing the lab holds needs flushing.
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            threading.Timer(0.6, _quit).start()
+            super().handle_exit(sig, frame)
+
+    def _quit() -> None:
+        background.stop()  # the paging worker process goes with the lab
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    try:
+        Server(uvicorn.Config(lab_app, host=host, port=port, log_level="warning",
+                              timeout_graceful_shutdown=1, http=guarded_http_protocol(
+                                  ConnectionLimits().fitted_to_file_limit()))).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal it caught once it has stopped
+        pass
+    finally:
+        _quit()
