@@ -27,10 +27,10 @@ from rich.table import Table
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
 from servelab.errors import InputError, ServelabError, StoreError, cut, invalid
 from servelab.files import check_writable_target
-from servelab.llm.from_scenario import STEP_KEYS, llm_workload, serving_options, simulate_llm
+from servelab.llm.from_scenario import llm_workload, serving_options, simulate_llm
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
-from servelab.scenario import LlmPool, Scenario
+from servelab.scenario import FIELDS, LlmPool, Scenario, flag_keys
 from servelab.seed import seed_comparison, seed_rows_dict
 
 app = typer.Typer(
@@ -49,43 +49,33 @@ stderr = Console(stderr=True)
 
 ScenarioOpt = Annotated[str, typer.Option("--scenario", "-s",
                                           help="A scenario TOML file, or 'seed'.")]
-QpsOpt = Annotated[float | None, typer.Option("--qps", help="Offered requests per second.")]
-DelayOpt = Annotated[int | None, typer.Option("--max-queue-delay-us",
-                                              help="Triton max_queue_delay_microseconds.")]
-MbsOpt = Annotated[int | None, typer.Option("--max-batch-size", help="Triton max_batch_size.")]
-PrefOpt = Annotated[list[int] | None, typer.Option(
-    "--preferred-batch-size", help="Triton preferred_batch_size (repeat for several).")]
-QueueOpt = Annotated[int | None, typer.Option("--max-queue-size",
-                                              help="Triton max_queue_size (0: unbounded).")]
-TimeoutOpt = Annotated[int | None, typer.Option(
-    "--timeout-us", help="Triton default_timeout_microseconds (0: none).")]
-InstOpt = Annotated[int | None, typer.Option("--instances-per-gpu",
-                                             help="Model instances per GPU.")]
-GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU from the catalog, e.g. H100-SXM.")]
-NGpuOpt = Annotated[int | None, typer.Option("--num-gpus", help="GPUs serving the model.")]
-PriceOpt = Annotated[float | None, typer.Option("--price", help="$ per GPU-hour.")]
-NReqOpt = Annotated[int | None, typer.Option("--num-requests", help="Requests to simulate.")]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed.")]
-SloOpt = Annotated[float | None, typer.Option("--slo-ms", help="p99 end-to-end SLO in ms.")]
+
+# A scenario field's flag comes from its one declaration (scenario.FIELDS): its names and
+# its help (a command may say it in its own words). The Python type is written beside it
+# for the type checker; a test holds it to the declaration's.
+def option(key: str, *, help: str | None = None) -> Any:
+    f = FIELDS[key]
+    return typer.Option(*f.flags, help=help or f.help)
+
+
+QpsOpt = Annotated[float | None, option("workload.qps")]
+DelayOpt = Annotated[int | None, option("batching.max_queue_delay_microseconds")]
+MbsOpt = Annotated[int | None, option("batching.max_batch_size")]
+PrefOpt = Annotated[list[int] | None, option("batching.preferred_batch_size")]
+QueueOpt = Annotated[int | None, option("batching.max_queue_size")]
+TimeoutOpt = Annotated[int | None, option("batching.default_timeout_microseconds")]
+InstOpt = Annotated[int | None, option("batching.instances_per_gpu")]
+GpuOpt = Annotated[str | None, option("hardware.gpu")]
+NGpuOpt = Annotated[int | None, option("hardware.num_gpus")]
+PriceOpt = Annotated[float | None, option("hardware.price_per_gpu_hour")]
+NReqOpt = Annotated[int | None, option("workload.num_requests")]
+SeedOpt = Annotated[int | None, option("workload.seed")]
+SloOpt = Annotated[float | None, option("latency.p99_slo_ms")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")]
 
 
 # Each common flag's parameter name -> the scenario key it overrides.
-_FLAG_KEYS = {
-    "qps": "workload.qps",
-    "max_queue_delay_us": "batching.max_queue_delay_microseconds",
-    "max_batch_size": "batching.max_batch_size",
-    "preferred_batch_size": "batching.preferred_batch_size",
-    "max_queue_size": "batching.max_queue_size",
-    "timeout_us": "batching.default_timeout_microseconds",
-    "instances_per_gpu": "batching.instances_per_gpu",
-    "gpu": "hardware.gpu",
-    "num_gpus": "hardware.num_gpus",
-    "price": "hardware.price_per_gpu_hour",
-    "num_requests": "workload.num_requests",
-    "seed": "workload.seed",
-    "slo_ms": "latency.p99_slo_ms",
-}
+_FLAG_KEYS = flag_keys("workload", "batching", "hardware", "latency")
 
 
 def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario:
@@ -227,28 +217,22 @@ app.command("validate")(validate_command)
 app.command("replay-trace")(replay_trace_command)
 app.command("drift")(drift_command)
 
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Catalog model or a config.json.")]
-KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", "--kv-cache-dtype",
-                                                help="auto, fp16, bf16, fp8, int8, int4.")]
-WDtypeOpt = Annotated[str | None, typer.Option(
-    "--weight-dtype", "--quantization",
-    help="auto, bf16, fp16, fp8, int8, int4 (vLLM's --quantization: AWQ and GPTQ are int4).")]
-CtxOpt = Annotated[int | None, typer.Option("--context", "--max-model-len",
-                                            help="Tokens per session.")]
-TpOpt = Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
-                                           help="Tensor-parallel size.")]
-UtilOpt = Annotated[float | None, typer.Option("--gpu-memory-utilization",
-                                               help="vLLM's share of each GPU (0.9).")]
-BlockOpt = Annotated[int | None, typer.Option("--block-size", help="Tokens per KV block.")]
-KvGpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU from the catalog.")]
-KvNGpuOpt = Annotated[int | None, typer.Option("--num-gpus", help="GPUs in the deployment.")]
+ModelOpt = Annotated[str | None, option("llm.model")]
+KvDtypeOpt = Annotated[str | None, option("llm.kv_dtype")]
+WDtypeOpt = Annotated[str | None, option("llm.weight_dtype")]
+CtxOpt = Annotated[int | None, option("llm.context_tokens")]
+TpOpt = Annotated[int | None, option("llm.tp")]
+UtilOpt = Annotated[float | None, option("llm.gpu_memory_utilization")]
+BlockOpt = Annotated[int | None, option("llm.block_size")]
+KvGpuOpt = Annotated[str | None, option("llm.gpu")]
+KvNGpuOpt = Annotated[int | None, option("llm.num_gpus")]
 
-_KV_KEYS = {
-    "model": "llm.model", "kv_dtype": "llm.kv_dtype", "weight_dtype": "llm.weight_dtype",
-    "context": "llm.context_tokens", "tp": "llm.tp", "gpu": "llm.gpu",
-    "num_gpus": "llm.num_gpus", "gpu_memory_utilization": "llm.gpu_memory_utilization",
-    "block_size": "llm.block_size",
-}
+# The llm commands' flags -> [llm] keys; kv's are the pool's alone (its --lengths is a
+# replay's, not [llm] lengths_csv).
+_LLM_KEYS = flag_keys("llm")
+_KV_KEYS = {name: _LLM_KEYS[name] for name in (
+    "model", "kv_dtype", "weight_dtype", "context", "tp", "gpu", "num_gpus",
+    "gpu_memory_utilization", "block_size")}
 
 
 @kv_app.callback()
@@ -295,51 +279,15 @@ from servelab.measure.llm_cli import validate as llm_validate_command  # noqa: E
 
 llm_app.command("load")(llm_load_command)
 llm_app.command("validate")(llm_validate_command)
-# the roofline's constants: [llm] keys, llm simulate flags, StepParams fields
-_LLM_KEYS = {**_KV_KEYS, "max_num_seqs": "llm.max_num_seqs",
-             "max_num_batched_tokens": "llm.max_num_batched_tokens",
-             "rate": "llm.request_rate", "num_requests": "llm.num_requests",
-             "arrival": "llm.arrival", "max_concurrency": "llm.max_concurrency",
-             "burstiness": "llm.burstiness",
-             "prompt_tokens": "llm.prompt_tokens",
-             "prompt_tokens_p99": "llm.prompt_tokens_p99",
-             "output_tokens": "llm.output_tokens", "output_tokens_p99": "llm.output_tokens_p99",
-             "replicas": "llm.replicas", "chunked_prefill": "llm.enable_chunked_prefill",
-             "prefix_caching": "llm.enable_prefix_caching",
-             "prefix_tokens": "llm.prefix_tokens", "prefix_hit_share": "llm.prefix_hit_share",
-             "ttft_p99_ms": "llm.ttft_p99_slo_ms", "tpot_p99_ms": "llm.tpot_p99_slo_ms",
-             "step_profile": "llm.step_profile_csv", "lengths": "llm.lengths_csv",
-             "num_gpu_blocks_override": "llm.num_gpu_blocks_override",
-             "scheduler": "llm.scheduler",
-             **{k: f"llm.{k}" for k in STEP_KEYS}}
-
-RateOpt = Annotated[float | None, typer.Option(
-    "--rate", "--request-rate",
-    help="Requests per second over all replicas ([llm] request_rate, default 5).")]
-LlmNReqOpt = Annotated[int | None, typer.Option(
-    "--num-requests", "--num-prompts",
-    help="Requests to simulate ([llm] num_requests, default 2000).")]
-PromptOpt = Annotated[float | None, typer.Option(
-    help="Prompt length, mean tokens ([llm] prompt_tokens, default 512).")]
-PromptP99Opt = Annotated[float | None, typer.Option(
-    help="Prompt p99 (log-normal through mean and p99; default: fixed).")]
-OutputOpt = Annotated[float | None, typer.Option(
-    help="Output length, mean tokens ([llm] output_tokens, default 256).")]
-OutputP99Opt = Annotated[float | None, typer.Option(
-    help="Output p99 (log-normal; default: fixed).")]
-
-
-BurstOpt = Annotated[float | None, typer.Option(
-    help="vllm bench serve's --burstiness: gamma-shaped gaps, 1 is Poisson, lower is "
-         "burstier ([llm] burstiness).")]
-StepProfileOpt = Annotated[Path | None, typer.Option(
-    "--step-profile", help="A measured step profile instead of the roofline: a CSV of "
-    "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).")]
-
-
-LengthsOpt = Annotated[Path | None, typer.Option(
-    "--lengths", help="A CSV of prompt_tokens,output_tokens, one row per request (as `kv "
-    "paging` reads), instead of --prompt-tokens/--output-tokens ([llm] lengths_csv).")]
+RateOpt = Annotated[float | None, option("llm.request_rate")]
+LlmNReqOpt = Annotated[int | None, option("llm.num_requests")]
+PromptOpt = Annotated[float | None, option("llm.prompt_tokens")]
+PromptP99Opt = Annotated[float | None, option("llm.prompt_tokens_p99")]
+OutputOpt = Annotated[float | None, option("llm.output_tokens")]
+OutputP99Opt = Annotated[float | None, option("llm.output_tokens_p99")]
+BurstOpt = Annotated[float | None, option("llm.burstiness")]
+StepProfileOpt = Annotated[Path | None, option("llm.step_profile_csv")]
+LengthsOpt = Annotated[Path | None, option("llm.lengths_csv")]
 
 
 def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
@@ -356,60 +304,27 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
     return s, llm, pool_spec(s)
 
 
-StepOpts = {
-    "compute_efficiency": "Share of peak FLOPs the step's GEMMs reach ([llm] "
-                          "compute_efficiency; default fitted to published runs).",
-    "memory_efficiency": "Share of HBM bandwidth a step's reads reach.",
-    "overhead_ms": "Fixed time per step (scheduler, launches) of vLLM V1.",
-    "prefill_first_overhead_ms": "The same for --scheduler prefill-first engines.",
-    "per_seq_ms": "Time per scheduled sequence a step (sampling, bookkeeping).",
-    "overlap": "p of the p-norm joining the compute and memory sides (large: the max).",
-    "allreduce_latency_us": "Fixed time of each tensor-parallel all-reduce.",
-    "frontend_ms": "Time a request spends outside the steps (HTTP, tokenizing), added to "
-                   "TTFT and end-to-end latency.",
-}
-SchedulerOpt = Annotated[str | None, typer.Option(
-    help="The engine's step loop: v1 (vLLM V1, mixed steps) or prefill-first (vLLM V0 "
-         "without chunked prefill, SGLang) ([llm] scheduler, default v1).")]
-CompEffOpt = Annotated[float | None, typer.Option(help=StepOpts["compute_efficiency"])]
-MemEffOpt = Annotated[float | None, typer.Option(help=StepOpts["memory_efficiency"])]
-OverheadOpt = Annotated[float | None, typer.Option(help=StepOpts["overhead_ms"])]
-PfOverheadOpt = Annotated[float | None, typer.Option(
-    help=StepOpts["prefill_first_overhead_ms"])]
-PerSeqOpt = Annotated[float | None, typer.Option(help=StepOpts["per_seq_ms"])]
-OverlapOpt = Annotated[float | None, typer.Option(help=StepOpts["overlap"])]
-ArLatOpt = Annotated[float | None, typer.Option(help=StepOpts["allreduce_latency_us"])]
-FrontOpt = Annotated[float | None, typer.Option(help=StepOpts["frontend_ms"])]
-
-
-ReplicaTpOpt = Annotated[int | None, typer.Option(
-    "--tp", "--tensor-parallel-size", "-tp", help="GPUs per replica (tensor-parallel size).")]
-ReplicasOpt = Annotated[int | None, typer.Option(
-    help="Replicas, each of --tp GPUs ([llm] replicas, default 1).")]
-MaxSeqsOpt = Annotated[int | None, typer.Option(help="vLLM max_num_seqs.")]
-MaxTokensOpt = Annotated[int | None, typer.Option(
-    help="vLLM max_num_batched_tokens (the token budget of a step).")]
-ArrivalOpt = Annotated[str | None, typer.Option(
-    help="poisson or constant ([llm] arrival, default poisson).")]
-ConcurrencyOpt = Annotated[int | None, typer.Option(
-    help="A closed loop: at most this many requests out at once, each sent when one "
-    "finishes, as `vllm bench serve --max-concurrency` (with --rate inf: all ready at "
-    "once). Default 0: open loop.")]
-ChunkedOpt = Annotated[bool | None, typer.Option(
-    "--chunked-prefill/--no-chunked-prefill",
-    "--enable-chunked-prefill/--no-enable-chunked-prefill",
-    help="vLLM enable_chunked_prefill ([llm] enable_chunked_prefill, on in v1).")]
-PrefixCachingOpt = Annotated[bool | None, typer.Option(
-    "--prefix-caching/--no-prefix-caching",
-    "--enable-prefix-caching/--no-enable-prefix-caching",
-    help="vLLM enable_prefix_caching, with --prefix-tokens shared.")]
-PrefixTokensOpt = Annotated[int | None, typer.Option(
-    help="Tokens of the shared prefix ([llm] prefix_tokens).")]
-PrefixShareOpt = Annotated[float | None, typer.Option(
-    help="Share of requests that start with the shared prefix.")]
-BlocksOverrideOpt = Annotated[int | None, typer.Option(
-    help="KV blocks per replica as given, not sized from memory (vLLM's flag; "
-         "[llm] num_gpu_blocks_override).")]
+SchedulerOpt = Annotated[str | None, option("llm.scheduler")]
+CompEffOpt = Annotated[float | None, option("llm.compute_efficiency")]
+MemEffOpt = Annotated[float | None, option("llm.memory_efficiency")]
+OverheadOpt = Annotated[float | None, option("llm.overhead_ms")]
+PfOverheadOpt = Annotated[float | None, option("llm.prefill_first_overhead_ms")]
+PerSeqOpt = Annotated[float | None, option("llm.per_seq_ms")]
+OverlapOpt = Annotated[float | None, option("llm.overlap")]
+ArLatOpt = Annotated[float | None, option("llm.allreduce_latency_us")]
+FrontOpt = Annotated[float | None, option("llm.frontend_ms")]
+ReplicaTpOpt = Annotated[int | None, option("llm.tp", help="GPUs per replica "
+                                                     "(tensor-parallel size).")]
+ReplicasOpt = Annotated[int | None, option("llm.replicas")]
+MaxSeqsOpt = Annotated[int | None, option("llm.max_num_seqs")]
+MaxTokensOpt = Annotated[int | None, option("llm.max_num_batched_tokens")]
+ArrivalOpt = Annotated[str | None, option("llm.arrival")]
+ConcurrencyOpt = Annotated[int | None, option("llm.max_concurrency")]
+ChunkedOpt = Annotated[bool | None, option("llm.enable_chunked_prefill")]
+PrefixCachingOpt = Annotated[bool | None, option("llm.enable_prefix_caching")]
+PrefixTokensOpt = Annotated[int | None, option("llm.prefix_tokens")]
+PrefixShareOpt = Annotated[float | None, option("llm.prefix_hit_share")]
+BlocksOverrideOpt = Annotated[int | None, option("llm.num_gpu_blocks_override")]
 LlmSeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and lengths.")]
 SaveResultOpt = Annotated[Path | None, typer.Option(
     "--save-result", help="Also write the run as `vllm bench serve --save-result` "
@@ -495,12 +410,13 @@ def llm_fit(
              "of one deployment at several loads.")],
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
-    tp: Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", "-tp",
-                                           help="The server's tensor-parallel size.")] = None,
+    tp: Annotated[int | None, option("llm.tp", help="The server's tensor-parallel size.")
+                  ] = None,
     gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
-    max_num_seqs: Annotated[int | None, typer.Option(help="The server's max_num_seqs.")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        help="The server's max_num_batched_tokens.")] = None,
+    max_num_seqs: Annotated[int | None, option("llm.max_num_seqs",
+                                               help="The server's max_num_seqs.")] = None,
+    max_num_batched_tokens: Annotated[int | None, option(
+        "llm.max_num_batched_tokens", help="The server's max_num_batched_tokens.")] = None,
     scheduler: SchedulerOpt = None,
     max_evals: Annotated[int, typer.Option(help="Simulations the fit may run.")] = 300,
     out: Annotated[Path | None, typer.Option(
@@ -584,12 +500,8 @@ def llm_plan(
     prompt_tokens: PromptOpt = None, prompt_tokens_p99: PromptP99Opt = None,
     output_tokens: OutputOpt = None, output_tokens_p99: OutputP99Opt = None,
     lengths: LengthsOpt = None,
-    ttft_p99_ms: Annotated[float | None, typer.Option(
-        help="SLO: p99 time to first token, ms ([llm] ttft_p99_slo_ms, default 1000).")
-                           ] = None,
-    tpot_p99_ms: Annotated[float | None, typer.Option(
-        help="SLO: p99 time per output token, ms ([llm] tpot_p99_slo_ms, default 50).")
-                           ] = None,
+    ttft_p99_ms: Annotated[float | None, option("llm.ttft_p99_slo_ms")] = None,
+    tpot_p99_ms: Annotated[float | None, option("llm.tpot_p99_slo_ms")] = None,
     max_replicas: Annotated[int, typer.Option(help="Largest replica count to try.")] = 256,
     step_profile: StepProfileOpt = None, seed: LlmSeedOpt = 0, as_json: JsonOpt = False,
 ) -> None:

@@ -67,255 +67,6 @@ class Variability(Enum):
     EMPIRICAL = "empirical"  # measured multipliers, resampled
 
 
-@dataclass(frozen=True, slots=True)
-class Workload:
-    qps: float = 1000.0
-    arrival: Arrival = Arrival.POISSON
-    cv: float = 1.0  # coefficient of variation of inter-arrival gaps (gamma only)
-    trace_csv: str | None = None  # arrival times, one per row (trace only)
-    arrivals_s: tuple[float, ...] = ()  # or the trace inline, in seconds (trace only)
-    num_requests: int = 100_000
-    seed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class BatchingPolicy:
-    """Triton's dynamic_batching settings, by Triton's names.
-
-    ``max_queue_size`` and ``default_timeout_microseconds`` use 0 for "none",
-    as Triton does. With no ``preferred_batch_size`` Triton behaves as if it
-    were ``[max_batch_size]`` (its model-config normaliser adds it).
-    """
-
-    max_batch_size: int = 32
-    max_queue_delay_microseconds: int = 0
-    preferred_batch_size: tuple[int, ...] = ()
-    max_queue_size: int = 0
-    default_timeout_microseconds: int = 0
-    instances_per_gpu: int = 1
-    closing: Closing = Closing.TRITON
-    # Share of completions at which Triton's woken batcher thread looks at the queue
-    # before the freed instance takes the next waiting payload (`servelab replay-trace`
-    # measures it from a Triton trace); 0 is the order the source implies.
-    batcher_first: float = 0.0
-    # Share of completions whose wake-up Triton 2.51's batcher thread misses when it runs
-    # without prefetching (a queue policy set): the instance idles until an arrival wakes
-    # the thread or its 500 ms wait ends (triton_engine, rule 6). 0: off, the default.
-    lost_wakeup: float = 0.0
-
-    @property
-    def effective_preferred(self) -> tuple[int, ...]:
-        return self.preferred_batch_size or (self.max_batch_size,)
-
-
-@dataclass(frozen=True, slots=True)
-class Hardware:
-    gpu: str = "H100-SXM"
-    num_gpus: int = 1
-    price_per_gpu_hour: float | None = None  # None: the catalog's default
-    overrides: tuple[tuple[str, float], ...] = ()  # catalog figures replaced by the user
-
-    def spec(self) -> GpuSpec:
-        over = dict(self.overrides)
-        if self.price_per_gpu_hour is not None:
-            over["price_per_gpu_hour_usd"] = self.price_per_gpu_hour
-        return get_gpu(self.gpu, over)
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceModelSpec:
-    """What one batch costs on one instance. Which fields apply depends on ``kind``."""
-
-    kind: ServiceKind = ServiceKind.AFFINE
-    name: str = ""
-    # constant
-    latency_ms: float | None = None
-    # affine
-    base_ms: float | None = 1.0
-    per_row_ms: float | None = 0.1
-    # profile
-    points: tuple[tuple[int, float], ...] = ()
-    csv: str | None = None
-    perf_analyzer_csv: tuple[tuple[int, str], ...] = ()
-    # roofline
-    flops_per_row: float | None = None
-    bytes_per_row: float | None = None
-    bytes_per_batch: float | None = None
-    overhead_us: float = 0.0
-    efficiency: float = 0.6
-    precision: str = "bf16"
-    # affine and profile: the cost of each request in a batch beyond its rows (one row per
-    # request here, so a batch of b requests takes curve(b) + per_request_ms x b)
-    per_request_ms: float = 0.0
-    # all kinds
-    variability: Variability = Variability.DETERMINISTIC
-    cv: float = 0.0
-    multipliers: tuple[float, ...] = ()  # empirical: measured batch time / the model's mean
-
-
-@dataclass(frozen=True, slots=True)
-class Latency:
-    """Latency outside the GPU, and the end-to-end objective.
-
-    A component given by its median alone is constant; with a p99 as well it
-    is log-normal through those two points; with measured samples it is those
-    samples, resampled (so measured stalls reach the tail).
-    """
-
-    feature_fetch_ms: float = 0.0
-    feature_fetch_p99_ms: float | None = None
-    network_ms: float = 0.0
-    network_p99_ms: float | None = None
-    p99_slo_ms: float = 100.0
-    feature_fetch_samples_ms: tuple[float, ...] = ()
-    network_samples_ms: tuple[float, ...] = ()
-
-    def median_p99_ms(self, part: str) -> tuple[float, float]:
-        """A component's median and p99 (ms): from its samples when it has them."""
-        samples = getattr(self, f"{part}_samples_ms")
-        if samples:
-            return quantile(samples, 0.5), quantile(samples, 0.99)
-        median = getattr(self, f"{part}_ms")
-        return median, getattr(self, f"{part}_p99_ms") or median
-
-    def is_constant(self, part: str) -> bool:
-        """No spread: a median alone (or a p99 equal to it), and no samples."""
-        if getattr(self, f"{part}_samples_ms"):
-            return False
-        median, p99 = getattr(self, f"{part}_ms"), getattr(self, f"{part}_p99_ms")
-        return p99 is None or p99 == median or median == 0
-
-
-def quantile(values: tuple[float, ...] | list[float], q: float) -> float:
-    """The q-quantile with linear interpolation (numpy's default), without numpy."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-@dataclass(frozen=True, slots=True)
-class PlanLimits:
-    max_busy_fraction: float = 1.0
-    max_gpus: int = 512
-
-
-@dataclass(frozen=True, slots=True)
-class LlmPool:
-    """An LLM deployment's KV-cache pool, by vLLM's knobs.
-
-    ``gpu`` defaults to [hardware] gpu; ``tp`` 0 means all ``num_gpus`` in one
-    tensor-parallel group. ``gpu_memory_gb`` and ``weights_gb`` are the seed
-    dashboard's simpler assumptions (all memory but the weights is KV), kept so
-    its figures can be checked on their own terms.
-    """
-
-    model: str = "llama-3.1-8b"
-    config: str | None = None  # a config.json inline (canonical JSON text), instead of model
-    kv_dtype: str = "auto"
-    weight_dtype: str = "auto"
-    context_tokens: int = 4096
-    gpu: str | None = None
-    num_gpus: int = 1
-    tp: int = 0
-    gpu_memory_utilization: float = 0.9
-    block_size: int = 16
-    # None: vLLM V1's `vllm serve` default for the GPU (EngineArgs.get_batch_defaults):
-    # 8,192 tokens and 1,024 sequences on a GPU of 70 GiB or more other than the A100,
-    # else 2,048 and 256
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    gpu_memory_gb: float | None = None
-    weights_gb: float | None = None
-    # Serving (`servelab llm simulate|plan`): the workload, the scheduler's switches, SLOs.
-    request_rate: float = 5.0  # requests per second over all replicas (inf: all at once)
-    num_requests: int = 2000
-    arrival: str = "poisson"  # poisson or constant
-    max_concurrency: int = 0  # > 0: at most this many requests out (vLLM bench's closed loop)
-    burstiness: float = 1.0  # vLLM bench's: gamma-shaped gaps (1: Poisson)
-    prompt_tokens: float = 512.0  # mean; with a p99 the lengths are log-normal
-    prompt_tokens_p99: float | None = None
-    output_tokens: float = 256.0
-    output_tokens_p99: float | None = None
-    lengths_csv: str | None = None  # prompt_tokens,output_tokens per request instead
-    replicas: int = 1
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True  # vLLM V1's default (with no shared prefix it does nothing)
-    prefix_tokens: int = 0
-    prefix_hit_share: float = 0.0
-    ttft_p99_slo_ms: float = 1000.0
-    tpot_p99_slo_ms: float = 50.0
-    step_profile_csv: str | None = None  # a measured step profile instead of the roofline
-    num_gpu_blocks_override: int | None = None  # vLLM's: KV blocks per replica, as measured
-    # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step) or
-    # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone)
-    scheduler: str = "v1"
-    # The roofline's constants (None: the defaults fitted to published measurements;
-    # `servelab llm fit` writes a user's own)
-    compute_efficiency: float | None = None
-    memory_efficiency: float | None = None
-    overhead_ms: float | None = None
-    prefill_first_overhead_ms: float | None = None
-    per_seq_ms: float | None = None
-    overlap: float | None = None
-    allreduce_latency_us: float | None = None
-    frontend_ms: float | None = None
-
-    @property
-    def tensor_parallel(self) -> int:
-        return self.tp or self.num_gpus
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str = "scenario"
-    description: str = ""
-    workload: Workload = field(default_factory=Workload)
-    batching: BatchingPolicy = field(default_factory=BatchingPolicy)
-    hardware: Hardware = field(default_factory=Hardware)
-    model: ServiceModelSpec = field(default_factory=ServiceModelSpec)
-    latency: Latency = field(default_factory=Latency)
-    plan: PlanLimits = field(default_factory=PlanLimits)
-    llm: LlmPool | None = None
-    # Where relative file paths in the scenario are resolved. With `sandbox` (the lab),
-    # only files inside base_dir may be named, and with base_dir None none at all.
-    base_dir: str | None = "."
-    sandbox: bool = False
-
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
-        """A copy with flat ``section.key`` overrides applied, validated like a file."""
-        raw = scenario_to_dict(self)
-        apply_overrides(raw, overrides)
-        return scenario_from_dict(raw, base_dir=self.base_dir, sandbox=self.sandbox)
-
-    def resolve_path(self, path: str, field: str = "file") -> Path:
-        """The file a scenario names, checked against the sandbox before anything reads it."""
-        if not self.sandbox:
-            p = Path(path)
-            return p if p.is_absolute() or self.base_dir is None else Path(self.base_dir) / p
-        inline = {"[workload] trace_csv": "arrivals_s = [...] (seconds)",
-                  "[model] csv": "points = [[batch, ms], ...]",
-                  "[model] perf_analyzer_csv": "points = [[batch, ms], ...]",
-                  "[llm] model": "a [llm.config] table with the config.json's keys"}.get(
-                      field, "the data inline")
-        if self.base_dir is None:
-            raise InputError(f"{field} = {cut(repr(path))}: the lab does not open files named "
-                             f"by a page; fix: give {inline}, or start the lab with "
-                             "--data-dir DIR and name a file inside DIR")
-        root = Path(self.base_dir).resolve()
-        p = Path(path)
-        if p.is_absolute() or ".." in p.parts or "\0" in path:
-            raise InputError(f"{field} = {cut(repr(path))}: expected a path inside the lab's "
-                             f"--data-dir, relative to it; fix: name a file inside "
-                             f"{cut(str(root))}, or give {inline}")
-        real = (root / p).resolve()
-        if not real.is_relative_to(root):  # a link that leads out of the folder
-            raise InputError(f"{field} = {cut(repr(path))}: leads outside the lab's "
-                             f"--data-dir; fix: copy the file into {cut(str(root))}")
-        return real
-
-
 # ---------------------------------------------------------------------------
 # Validation: a small table per section, one rule per key.
 
@@ -531,113 +282,537 @@ def _pa_files(name: str, v: Any) -> tuple[tuple[int, str], ...]:
     return tuple(sorted(out))
 
 
-_SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
-    "workload": (Workload, {
-        "qps": _num(0, MAX_QPS, strict_lo=True),
-        "arrival": _enum(Arrival),
-        "cv": _num(MIN_CV, MAX_CV),
-        "trace_csv": _opt(_str),
-        "arrivals_s": _seconds_list,
-        "num_requests": _int(1, MAX_REQUESTS),
-        "seed": _int(0, 2**63 - 1),
-    }),
-    "batching": (BatchingPolicy, {
-        "max_batch_size": _int(1, MAX_BATCH),
-        "max_queue_delay_microseconds": _int(0, 60_000_000),
-        "preferred_batch_size": _int_list,
-        "max_queue_size": _int(0, 2**31 - 1),
-        "default_timeout_microseconds": _int(0, MAX_TIMEOUT_US),
-        "instances_per_gpu": _int(1, 64),
-        "closing": _enum(Closing),
-        "batcher_first": _num(0, 1),
-        "lost_wakeup": _num(0, 1),
-    }),
-    "hardware": (Hardware, {
-        "gpu": _str,
-        "num_gpus": _int(1, MAX_GPUS),
-        "price_per_gpu_hour": _opt(_num(0, 1e6)),
-        **{fig: _num(0, 1e9, strict_lo=True) for fig in FIGURES
-           if fig != "price_per_gpu_hour_usd"},
-    }),
-    "model": (ServiceModelSpec, {
-        "kind": _enum(ServiceKind),
-        "name": _str,
-        "latency_ms": _opt(_num(0, MAX_MS, strict_lo=True)),
-        "base_ms": _opt(_num(0, MAX_MS)),
-        "per_row_ms": _opt(_num(0, MAX_MS)),
-        "points": _points,
-        "csv": _opt(_str),
-        "perf_analyzer_csv": _pa_files,
-        "flops_per_row": _opt(_num(0, 1e21)),
-        "bytes_per_row": _opt(_num(0, 1e18)),
-        "bytes_per_batch": _opt(_num(0, 1e18)),
-        "overhead_us": _num(0, MAX_MS * 1e3),
-        "efficiency": _num(0, 1, strict_lo=True),
-        "precision": _choice("bf16", "fp8"),
-        "variability": _enum(Variability),
-        "cv": _num(0, MAX_CV),
-        "per_request_ms": _num(0, MAX_MS),
-        "multipliers": _samples(0.0, 1000.0, "multipliers (batch time / mean)"),
-    }),
-    "latency": (Latency, {
-        "feature_fetch_ms": _num(0, MAX_MS),
-        "feature_fetch_p99_ms": _opt(_num(0, MAX_MS)),
-        "network_ms": _num(0, MAX_MS),
-        "network_p99_ms": _opt(_num(0, MAX_MS)),
-        "p99_slo_ms": _num(0, MAX_MS, strict_lo=True),
-        "feature_fetch_samples_ms": _samples(0.0, MAX_MS, "latencies in ms"),
-        "network_samples_ms": _samples(0.0, MAX_MS, "latencies in ms"),
-    }),
-    "plan": (PlanLimits, {
-        "max_busy_fraction": _num(0, 1, strict_lo=True),
-        "max_gpus": _int(1, MAX_GPUS),
-    }),
-    "llm": (LlmPool, {
-        "model": _str,
-        "config": _config_table,
-        "kv_dtype": _choice("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2",
-                            "int8", "int4"),
-        "weight_dtype": _weight_dtype,
-        "context_tokens": _int(1, 10_000_000),
-        "gpu": _opt(_str),
-        "num_gpus": _int(1, MAX_GPUS),
-        "tp": _int(0, 1024),
-        "gpu_memory_utilization": _num(0, 1, strict_lo=True),
-        "block_size": _int(1, 1024),
-        "max_num_batched_tokens": _opt(_int(1, 10_000_000)),
-        "max_num_seqs": _opt(_int(1, 1_000_000)),
-        "gpu_memory_gb": _opt(_num(0, 1e6, strict_lo=True)),
-        "weights_gb": _opt(_num(0, 1e9)),
-        "request_rate": _rate,
-        "max_concurrency": _int(0, 100_000),
-        "burstiness": _num(0.01, 100),
-        "num_requests": _int(1, 1_000_000),
-        "arrival": _choice("poisson", "constant"),
-        "prompt_tokens": _num(1, 10_000_000),
-        "prompt_tokens_p99": _opt(_num(1, 10_000_000)),
-        "output_tokens": _num(1, 10_000_000),
-        "output_tokens_p99": _opt(_num(1, 10_000_000)),
-        "lengths_csv": _opt(_str),
-        "replicas": _int(1, 10_000),
-        "enable_chunked_prefill": _bool,
-        "enable_prefix_caching": _bool,
-        "prefix_tokens": _int(0, 10_000_000),
-        "prefix_hit_share": _num(0, 1),
-        "ttft_p99_slo_ms": _num(0, 3_600_000, strict_lo=True),
-        "tpot_p99_slo_ms": _num(0, 3_600_000, strict_lo=True),
-        "step_profile_csv": _opt(_str),
-        "num_gpu_blocks_override": _opt(_int(1, 100_000_000)),
-        "scheduler": _choice("v1", "prefill-first"),
-        "compute_efficiency": _opt(_num(0.001, 1)),
-        "memory_efficiency": _opt(_num(0.001, 1)),
-        "overhead_ms": _opt(_num(0, 1000)),
-        "prefill_first_overhead_ms": _opt(_num(0, 1000)),
-        "per_seq_ms": _opt(_num(0, 100)),
-        "overlap": _opt(_num(1, 1000)),
-        "allreduce_latency_us": _opt(_num(0, 100_000)),
-        "frontend_ms": _opt(_num(0, 60_000)),
-    }),
+# ---------------------------------------------------------------------------
+# Each field is declared once, on its section's dataclass: default, rule (type and range),
+# unit, help, CLI flags and the lab's control. The TOML key is "[section] name"; the rules
+# table, every command's flags (cli.flag) and the lab's sidebar (/api/meta "controls")
+# are built from these declarations (FIELDS).
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """A field's control in the lab's sidebar: a slider from `lo` to `hi` by `step` with a
+    typed box, a choice (`options`, or a list the lab's meta names in `options_from`), a
+    typed number (`number`) or a typed list (`list`); `kinds` limits it to those model
+    kinds; `numeric` sends a choice as a number."""
+
+    group: str
+    label: str
+    lo: float | None = None
+    hi: float | None = None
+    step: float | None = None
+    options: tuple[str, ...] = ()
+    options_from: str = ""
+    number: bool = False
+    list: bool = False
+    numeric: bool = False
+    kinds: tuple[str, ...] = ()
+
+    def to_dict(self, key: str) -> dict[str, Any]:
+        d: dict[str, Any] = {"key": key, "label": self.label}
+        if self.lo is not None:
+            d.update(min=self.lo, max=self.hi, step=self.step)
+        for name in ("options", "kinds"):
+            if getattr(self, name):
+                d[name] = list(getattr(self, name))
+        if self.options_from:
+            d["optionsFrom"] = self.options_from
+        for name in ("number", "list", "numeric"):
+            if getattr(self, name):
+                d[name] = True
+        return d
+
+
+def spec(default: Any, rule: Callable[[str, Any], Any], help: str, *, unit: str = "",
+         flags: tuple[str, ...] = (), control: Control | None = None) -> Any:
+    """A scenario field's one declaration (see FIELDS)."""
+    meta = {"rule": rule, "help": help, "unit": unit, "flags": flags, "control": control}
+    if isinstance(default, tuple | list):
+        return field(default=tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_TRAFFIC, _BATCHING, _HARDWARE = "Traffic", "Batching (Triton)", "Hardware"
+_MODEL, _OUTSIDE, _POOL = "Model (GPU time per batch)", "Latency outside the GPU", \
+    "LLM KV-cache pool (vLLM)"
+_ROOF = ("roofline",)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    qps: float = spec(1000.0, _num(0, MAX_QPS, strict_lo=True), "Offered requests per second.",
+                      unit="requests/s", flags=("--qps",),
+                      control=Control(_TRAFFIC, "QPS", 100, 50000, 100))
+    arrival: Arrival = spec(Arrival.POISSON, _enum(Arrival),
+                            "poisson, constant, gamma (with cv) or trace (with trace_csv).",
+                            control=Control(_TRAFFIC, "Arrivals",
+                                            options=("poisson", "constant", "gamma")))
+    cv: float = spec(1.0, _num(MIN_CV, MAX_CV),
+                     "Coefficient of variation of inter-arrival gaps (gamma only).")
+    trace_csv: str | None = spec(None, _opt(_str), "A CSV of arrival times (trace only), "
+                                 "relative to the scenario file.", unit="path")
+    arrivals_s: tuple[float, ...] = spec((), _seconds_list, "The trace inline (trace only).",
+                                         unit="s")
+    num_requests: int = spec(100_000, _int(1, MAX_REQUESTS), "Requests to simulate.",
+                             flags=("--num-requests",),
+                             control=Control(_TRAFFIC, "Simulated requests", 10000, 1000000,
+                                             10000))
+    seed: int = spec(0, _int(0, 2**63 - 1), "Random seed.", flags=("--seed",))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """Triton's dynamic_batching settings, by Triton's names.
+
+    ``max_queue_size`` and ``default_timeout_microseconds`` use 0 for "none",
+    as Triton does. With no ``preferred_batch_size`` Triton behaves as if it
+    were ``[max_batch_size]`` (its model-config normaliser adds it).
+    """
+
+    max_batch_size: int = spec(32, _int(1, MAX_BATCH), "Triton max_batch_size.", unit="rows",
+                               flags=("--max-batch-size",),
+                               control=Control(_BATCHING, "max_batch_size", 1, 256, 1))
+    max_queue_delay_microseconds: int = spec(
+        0, _int(0, 60_000_000), "Triton max_queue_delay_microseconds.", unit="µs",
+        flags=("--max-queue-delay-us",),
+        control=Control(_BATCHING, "Batch window (max_queue_delay, µs)", 0, 20000, 100))
+    preferred_batch_size: tuple[int, ...] = spec(
+        (), _int_list, "Triton preferred_batch_size (repeat for several).", unit="rows",
+        flags=("--preferred-batch-size",),
+        control=Control(_BATCHING, "preferred_batch_size (e.g. 4,8)", list=True))
+    max_queue_size: int = spec(0, _int(0, 2**31 - 1), "Triton max_queue_size (0: unbounded).",
+                               unit="requests", flags=("--max-queue-size",),
+                               control=Control(_BATCHING, "max_queue_size (0: unbounded)", 0,
+                                               5000, 10))
+    default_timeout_microseconds: int = spec(
+        0, _int(0, MAX_TIMEOUT_US), "Triton default_timeout_microseconds (0: none).",
+        unit="µs", flags=("--timeout-us",),
+        control=Control(_BATCHING, "Timeout (µs, 0: none)", 0, 100000, 500))
+    instances_per_gpu: int = spec(1, _int(1, 64), "Model instances per GPU.",
+                                  flags=("--instances-per-gpu",),
+                                  control=Control(_BATCHING, "Instances per GPU", 1, 8, 1))
+    closing: Closing = spec(Closing.TRITON, _enum(Closing),
+                            "triton (Triton's batcher thread) or absorb.")
+    # Share of completions at which Triton's woken batcher thread looks at the queue
+    # before the freed instance takes the next waiting payload (`servelab replay-trace`
+    # measures it from a Triton trace); 0 is the order the source implies.
+    batcher_first: float = spec(0.0, _num(0, 1), "Share of completions at which Triton's "
+                                "batcher thread looks first.")
+    # Share of completions whose wake-up Triton 2.51's batcher thread misses when it runs
+    # without prefetching (a queue policy set): the instance idles until an arrival wakes
+    # the thread or its 500 ms wait ends (triton_engine, rule 6). 0: off, the default.
+    lost_wakeup: float = spec(0.0, _num(0, 1), "Share of completions whose wake-up Triton "
+                              "2.51's batcher thread misses.")
+
+    @property
+    def effective_preferred(self) -> tuple[int, ...]:
+        return self.preferred_batch_size or (self.max_batch_size,)
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    gpu: str = spec("H100-SXM", _str, "GPU from the catalog, e.g. H100-SXM.",
+                    flags=("--gpu",), control=Control(_HARDWARE, "GPU", options_from="gpus"))
+    num_gpus: int = spec(1, _int(1, MAX_GPUS), "GPUs serving the model.", flags=("--num-gpus",),
+                         control=Control(_HARDWARE, "GPUs", 1, 64, 1))
+    price_per_gpu_hour: float | None = spec(None, _opt(_num(0, 1e6)), "$ per GPU-hour "
+                                            "(default: the catalog's).", unit="$/h",
+                                            flags=("--price",))
+    # catalog figures replaced by the user (each [hardware] key of catalog.FIGURES)
+    overrides: tuple[tuple[str, float], ...] = ()
+
+    def spec(self) -> GpuSpec:
+        over = dict(self.overrides)
+        if self.price_per_gpu_hour is not None:
+            over["price_per_gpu_hour_usd"] = self.price_per_gpu_hour
+        return get_gpu(self.gpu, over)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceModelSpec:
+    """What one batch costs on one instance. Which fields apply depends on ``kind``."""
+
+    kind: ServiceKind = spec(ServiceKind.AFFINE, _enum(ServiceKind),
+                             "constant, affine, profile or roofline.",
+                             control=Control(_MODEL, "Service-time model",
+                                             options=("roofline", "affine", "constant")))
+    name: str = spec("", _str, "A label.")
+    # constant
+    latency_ms: float | None = spec(None, _opt(_num(0, MAX_MS, strict_lo=True)),
+                                    "constant: every batch.", unit="ms",
+                                    control=Control(_MODEL, "Batch time (ms)", 0.05, 50, 0.05,
+                                                    kinds=("constant",)))
+    # affine
+    base_ms: float | None = spec(1.0, _opt(_num(0, MAX_MS)), "affine: per batch.", unit="ms",
+                                 control=Control(_MODEL, "Per batch (ms)", 0, 20, 0.05,
+                                                 kinds=("affine",)))
+    per_row_ms: float | None = spec(0.1, _opt(_num(0, MAX_MS)), "affine: per row.", unit="ms",
+                                    control=Control(_MODEL, "Per row (ms)", 0, 5, 0.01,
+                                                    kinds=("affine",)))
+    # profile
+    points: tuple[tuple[int, float], ...] = spec((), _points, "profile: [[batch, ms], ...].")
+    csv: str | None = spec(None, _opt(_str), "profile: a CSV of batch_size, latency_ms.",
+                           unit="path")
+    perf_analyzer_csv: tuple[tuple[int, str], ...] = spec(
+        (), _pa_files, "profile: { \"1\" = \"b1.csv\" }, perf_analyzer -b N CSVs.")
+    # roofline
+    flops_per_row: float | None = spec(None, _opt(_num(0, 1e21)), "roofline: FLOPs per row.",
+                                       unit="FLOP", control=Control(_MODEL, "FLOPs per row",
+                                                                    number=True, kinds=_ROOF))
+    bytes_per_row: float | None = spec(None, _opt(_num(0, 1e18)), "roofline: bytes per row.",
+                                       unit="B", control=Control(_MODEL, "Bytes per row",
+                                                                 number=True, kinds=_ROOF))
+    bytes_per_batch: float | None = spec(None, _opt(_num(0, 1e18)),
+                                         "roofline: bytes per batch (the weights).", unit="B",
+                                         control=Control(_MODEL, "Bytes per batch (weights)",
+                                                         number=True, kinds=_ROOF))
+    overhead_us: float = spec(0.0, _num(0, MAX_MS * 1e3), "roofline: fixed time per batch.",
+                              unit="µs", control=Control(_MODEL, "Overhead per batch (µs)", 0,
+                                                         3000, 10, kinds=_ROOF))
+    efficiency: float = spec(0.6, _num(0, 1, strict_lo=True),
+                             "roofline: share of peak FLOPs and bandwidth reached.",
+                             control=Control(_MODEL, "Efficiency", 0.05, 1, 0.05, kinds=_ROOF))
+    precision: str = spec("bf16", _choice("bf16", "fp8"), "roofline: bf16 or fp8 peak.",
+                          control=Control(_MODEL, "Precision", options=("bf16", "fp8"),
+                                          kinds=_ROOF))
+    # affine and profile: the cost of each request in a batch beyond its rows (one row per
+    # request here, so a batch of b requests takes curve(b) + per_request_ms x b)
+    per_request_ms: float = spec(0.0, _num(0, MAX_MS), "Cost of each request in a batch "
+                                 "beyond its rows.", unit="ms")
+    # all kinds
+    variability: Variability = spec(Variability.DETERMINISTIC, _enum(Variability),
+                                    "Per-batch spread: deterministic, exponential, gamma, "
+                                    "empirical.")
+    cv: float = spec(0.0, _num(0, MAX_CV), "gamma: the spread's coefficient of variation.")
+    multipliers: tuple[float, ...] = spec(
+        (), _samples(0.0, 1000.0, "multipliers (batch time / mean)"),
+        "empirical: measured batch time / the model's mean")
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """Latency outside the GPU, and the end-to-end objective.
+
+    A component given by its median alone is constant; with a p99 as well it
+    is log-normal through those two points; with measured samples it is those
+    samples, resampled (so measured stalls reach the tail).
+    """
+
+    feature_fetch_ms: float = spec(0.0, _num(0, MAX_MS), "Feature fetch, median.", unit="ms",
+                                   control=Control(_OUTSIDE, "Feature fetch (ms)", 0, 50, 0.1))
+    feature_fetch_p99_ms: float | None = spec(None, _opt(_num(0, MAX_MS)),
+                                              "Feature fetch p99 (log-normal).", unit="ms")
+    network_ms: float = spec(0.0, _num(0, MAX_MS), "Network, median.", unit="ms",
+                             control=Control(_OUTSIDE, "Network (ms)", 0, 50, 0.1))
+    network_p99_ms: float | None = spec(None, _opt(_num(0, MAX_MS)),
+                                        "Network p99 (log-normal).", unit="ms")
+    p99_slo_ms: float = spec(100.0, _num(0, MAX_MS, strict_lo=True),
+                             "p99 end-to-end SLO in ms.", unit="ms", flags=("--slo-ms",),
+                             control=Control(_OUTSIDE, "p99 SLO (ms)", 1, 500, 1))
+    feature_fetch_samples_ms: tuple[float, ...] = spec(
+        (), _samples(0.0, MAX_MS, "latencies in ms"), "Measured feature fetches, resampled.",
+        unit="ms")
+    network_samples_ms: tuple[float, ...] = spec(
+        (), _samples(0.0, MAX_MS, "latencies in ms"), "Measured network times, resampled.",
+        unit="ms")
+
+    def median_p99_ms(self, part: str) -> tuple[float, float]:
+        """A component's median and p99 (ms): from its samples when it has them."""
+        samples = getattr(self, f"{part}_samples_ms")
+        if samples:
+            return quantile(samples, 0.5), quantile(samples, 0.99)
+        median = getattr(self, f"{part}_ms")
+        return median, getattr(self, f"{part}_p99_ms") or median
+
+    def is_constant(self, part: str) -> bool:
+        """No spread: a median alone (or a p99 equal to it), and no samples."""
+        if getattr(self, f"{part}_samples_ms"):
+            return False
+        median, p99 = getattr(self, f"{part}_ms"), getattr(self, f"{part}_p99_ms")
+        return p99 is None or p99 == median or median == 0
+
+
+def quantile(values: tuple[float, ...] | list[float], q: float) -> float:
+    """The q-quantile with linear interpolation (numpy's default), without numpy."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanLimits:
+    max_busy_fraction: float = spec(1.0, _num(0, 1, strict_lo=True), "The planner's busy "
+                                    "ceiling.")
+    max_gpus: int = spec(512, _int(1, MAX_GPUS), "The planner's search limit.")
+
+
+_KV_DTYPES = _choice("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
+                     "int4")
+_TOKENS = _num(1, 10_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class LlmPool:
+    """An LLM deployment's KV-cache pool, by vLLM's knobs.
+
+    ``gpu`` defaults to [hardware] gpu; ``tp`` 0 means all ``num_gpus`` in one
+    tensor-parallel group. ``gpu_memory_gb`` and ``weights_gb`` are the seed
+    dashboard's simpler assumptions (all memory but the weights is KV), kept so
+    its figures can be checked on their own terms.
+    """
+
+    model: str = spec("llama-3.1-8b", _str, "Catalog model or a config.json.",
+                      flags=("--model",), control=Control(_POOL, "Model", options_from="models"))
+    # a config.json inline (canonical JSON text), instead of model
+    config: str | None = spec(None, _config_table, "A config.json's keys inline ([llm.config]).")
+    kv_dtype: str = spec("auto", _KV_DTYPES, "auto, fp16, bf16, fp8, int8, int4.",
+                         flags=("--kv-dtype", "--kv-cache-dtype"),
+                         control=Control(_POOL, "KV dtype", options_from="kv_dtypes"))
+    weight_dtype: str = spec("auto", _weight_dtype, "auto, bf16, fp16, fp8, int8, int4 (vLLM's "
+                             "--quantization: AWQ and GPTQ are int4).",
+                             flags=("--weight-dtype", "--quantization"),
+                             control=Control(_POOL, "Weight dtype", options_from="weight_dtypes"))
+    context_tokens: int = spec(4096, _int(1, 10_000_000), "Tokens per session.", unit="tokens",
+                               flags=("--context", "--max-model-len"),
+                               control=Control(_POOL, "Context (tokens)", 512, 131072, 512))
+    gpu: str | None = spec(None, _opt(_str), "GPU from the catalog.", flags=("--gpu",))
+    num_gpus: int = spec(1, _int(1, MAX_GPUS), "GPUs in the deployment.", flags=("--num-gpus",),
+                         control=Control(_POOL, "GPUs", 1, 16, 1))
+    tp: int = spec(0, _int(0, 1024), "Tensor-parallel size.",
+                   flags=("--tp", "--tensor-parallel-size", "-tp"),
+                   control=Control(_POOL, "Tensor parallel (0: all GPUs)", 0, 16, 1))
+    gpu_memory_utilization: float = spec(
+        0.9, _num(0, 1, strict_lo=True), "vLLM's share of each GPU (0.9).",
+        flags=("--gpu-memory-utilization",),
+        control=Control(_POOL, "gpu_memory_utilization", 0.5, 0.98, 0.01))
+    block_size: int = spec(16, _int(1, 1024), "Tokens per KV block.", unit="tokens",
+                           flags=("--block-size",),
+                           control=Control(_POOL, "Block size (tokens)",
+                                           options=("8", "16", "32"), numeric=True))
+    # None: vLLM V1's `vllm serve` default for the GPU (EngineArgs.get_batch_defaults):
+    # 8,192 tokens and 1,024 sequences on a GPU of 70 GiB or more other than the A100,
+    # else 2,048 and 256
+    max_num_batched_tokens: int | None = spec(
+        None, _opt(_int(1, 10_000_000)), "vLLM max_num_batched_tokens (the token budget of "
+        "a step).", unit="tokens", flags=("--max-num-batched-tokens",))
+    max_num_seqs: int | None = spec(None, _opt(_int(1, 1_000_000)), "vLLM max_num_seqs.",
+                                    flags=("--max-num-seqs",))
+    gpu_memory_gb: float | None = spec(None, _opt(_num(0, 1e6, strict_lo=True)),
+                                       "The seed dashboard's memory per GPU.", unit="GB")
+    weights_gb: float | None = spec(None, _opt(_num(0, 1e9)), "The seed dashboard's weights.",
+                                    unit="GB")
+    # Serving (`servelab llm simulate|plan`): the workload, the scheduler's switches, SLOs.
+    request_rate: float = spec(5.0, _rate, "Requests per second over all replicas ([llm] "
+                               "request_rate, default 5).", unit="requests/s",
+                               flags=("--rate", "--request-rate"))
+    num_requests: int = spec(2000, _int(1, 1_000_000), "Requests to simulate ([llm] "
+                             "num_requests, default 2000).",
+                             flags=("--num-requests", "--num-prompts"))
+    arrival: str = spec("poisson", _choice("poisson", "constant"), "poisson or constant ([llm] "
+                        "arrival, default poisson).", flags=("--arrival",))
+    max_concurrency: int = spec(
+        0, _int(0, 100_000), "A closed loop: at most this many requests out at once, each "
+        "sent when one finishes, as `vllm bench serve --max-concurrency` (with --rate inf: "
+        "all ready at once). Default 0: open loop.", flags=("--max-concurrency",))
+    burstiness: float = spec(1.0, _num(0.01, 100), "vllm bench serve's --burstiness: "
+                             "gamma-shaped gaps, 1 is Poisson, lower is burstier ([llm] "
+                             "burstiness).", flags=("--burstiness",))
+    prompt_tokens: float = spec(512.0, _TOKENS, "Prompt length, mean tokens ([llm] "
+                                "prompt_tokens, default 512).", unit="tokens",
+                                flags=("--prompt-tokens",))
+    prompt_tokens_p99: float | None = spec(None, _opt(_TOKENS), "Prompt p99 (log-normal "
+                                           "through mean and p99; default: fixed).",
+                                           unit="tokens", flags=("--prompt-tokens-p99",))
+    output_tokens: float = spec(256.0, _TOKENS, "Output length, mean tokens ([llm] "
+                                "output_tokens, default 256).", unit="tokens",
+                                flags=("--output-tokens",))
+    output_tokens_p99: float | None = spec(None, _opt(_TOKENS), "Output p99 (log-normal; "
+                                           "default: fixed).", unit="tokens",
+                                           flags=("--output-tokens-p99",))
+    lengths_csv: str | None = spec(
+        None, _opt(_str), "A CSV of prompt_tokens,output_tokens, one row per request (as `kv "
+        "paging` reads), instead of --prompt-tokens/--output-tokens ([llm] lengths_csv).",
+        unit="path", flags=("--lengths",))
+    replicas: int = spec(1, _int(1, 10_000), "Replicas, each of --tp GPUs ([llm] replicas, "
+                         "default 1).", flags=("--replicas",))
+    enable_chunked_prefill: bool = spec(
+        True, _bool, "vLLM enable_chunked_prefill ([llm] enable_chunked_prefill, on in v1).",
+        flags=("--chunked-prefill/--no-chunked-prefill",
+               "--enable-chunked-prefill/--no-enable-chunked-prefill"))
+    # vLLM V1's default (with no shared prefix it does nothing)
+    enable_prefix_caching: bool = spec(
+        True, _bool, "vLLM enable_prefix_caching, with --prefix-tokens shared.",
+        flags=("--prefix-caching/--no-prefix-caching",
+               "--enable-prefix-caching/--no-enable-prefix-caching"))
+    prefix_tokens: int = spec(0, _int(0, 10_000_000), "Tokens of the shared prefix ([llm] "
+                              "prefix_tokens).", unit="tokens", flags=("--prefix-tokens",))
+    prefix_hit_share: float = spec(0.0, _num(0, 1), "Share of requests that start with the "
+                                   "shared prefix.", flags=("--prefix-hit-share",))
+    ttft_p99_slo_ms: float = spec(1000.0, _num(0, 3_600_000, strict_lo=True),
+                                  "SLO: p99 time to first token, ms ([llm] ttft_p99_slo_ms, "
+                                  "default 1000).", unit="ms", flags=("--ttft-p99-ms",))
+    tpot_p99_slo_ms: float = spec(50.0, _num(0, 3_600_000, strict_lo=True),
+                                  "SLO: p99 time per output token, ms ([llm] tpot_p99_slo_ms, "
+                                  "default 50).", unit="ms", flags=("--tpot-p99-ms",))
+    step_profile_csv: str | None = spec(
+        None, _opt(_str), "A measured step profile instead of the roofline: a CSV of "
+        "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).",
+        unit="path", flags=("--step-profile",))
+    num_gpu_blocks_override: int | None = spec(
+        None, _opt(_int(1, 100_000_000)), "KV blocks per replica as given, not sized from "
+        "memory (vLLM's flag; [llm] num_gpu_blocks_override).", unit="blocks",
+        flags=("--num-gpu-blocks-override",))
+    # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step) or
+    # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone)
+    scheduler: str = spec("v1", _choice("v1", "prefill-first"), "The engine's step loop: v1 "
+                          "(vLLM V1, mixed steps) or prefill-first (vLLM V0 without chunked "
+                          "prefill, SGLang) ([llm] scheduler, default v1).",
+                          flags=("--scheduler",))
+    # The roofline's constants (None: the defaults fitted to published measurements;
+    # `servelab llm fit` writes a user's own)
+    compute_efficiency: float | None = spec(
+        None, _opt(_num(0.001, 1)), "Share of peak FLOPs the step's GEMMs reach ([llm] "
+        "compute_efficiency; default fitted to published runs).",
+        flags=("--compute-efficiency",))
+    memory_efficiency: float | None = spec(None, _opt(_num(0.001, 1)), "Share of HBM bandwidth "
+                                           "a step's reads reach.",
+                                           flags=("--memory-efficiency",))
+    overhead_ms: float | None = spec(None, _opt(_num(0, 1000)), "Fixed time per step "
+                                     "(scheduler, launches) of vLLM V1.", unit="ms",
+                                     flags=("--overhead-ms",))
+    prefill_first_overhead_ms: float | None = spec(
+        None, _opt(_num(0, 1000)), "The same for --scheduler prefill-first engines.",
+        unit="ms", flags=("--prefill-first-overhead-ms",))
+    per_seq_ms: float | None = spec(None, _opt(_num(0, 100)), "Time per scheduled sequence a "
+                                    "step (sampling, bookkeeping).", unit="ms",
+                                    flags=("--per-seq-ms",))
+    overlap: float | None = spec(None, _opt(_num(1, 1000)), "p of the p-norm joining the "
+                                 "compute and memory sides (large: the max).",
+                                 flags=("--overlap",))
+    allreduce_latency_us: float | None = spec(None, _opt(_num(0, 100_000)), "Fixed time of "
+                                              "each tensor-parallel all-reduce.", unit="µs",
+                                              flags=("--allreduce-latency-us",))
+    frontend_ms: float | None = spec(None, _opt(_num(0, 60_000)), "Time a request spends "
+                                     "outside the steps (HTTP, tokenizing), added to TTFT and "
+                                     "end-to-end latency.", unit="ms",
+                                     flags=("--frontend-ms",))
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.tp or self.num_gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str = "scenario"
+    description: str = ""
+    workload: Workload = field(default_factory=Workload)
+    batching: BatchingPolicy = field(default_factory=BatchingPolicy)
+    hardware: Hardware = field(default_factory=Hardware)
+    model: ServiceModelSpec = field(default_factory=ServiceModelSpec)
+    latency: Latency = field(default_factory=Latency)
+    plan: PlanLimits = field(default_factory=PlanLimits)
+    llm: LlmPool | None = None
+    # Where relative file paths in the scenario are resolved. With `sandbox` (the lab),
+    # only files inside base_dir may be named, and with base_dir None none at all.
+    base_dir: str | None = "."
+    sandbox: bool = False
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
+        """A copy with flat ``section.key`` overrides applied, validated like a file."""
+        raw = scenario_to_dict(self)
+        apply_overrides(raw, overrides)
+        return scenario_from_dict(raw, base_dir=self.base_dir, sandbox=self.sandbox)
+
+    def resolve_path(self, path: str, field: str = "file") -> Path:
+        """The file a scenario names, checked against the sandbox before anything reads it."""
+        if not self.sandbox:
+            p = Path(path)
+            return p if p.is_absolute() or self.base_dir is None else Path(self.base_dir) / p
+        inline = {"[workload] trace_csv": "arrivals_s = [...] (seconds)",
+                  "[model] csv": "points = [[batch, ms], ...]",
+                  "[model] perf_analyzer_csv": "points = [[batch, ms], ...]",
+                  "[llm] model": "a [llm.config] table with the config.json's keys"}.get(
+                      field, "the data inline")
+        if self.base_dir is None:
+            raise InputError(f"{field} = {cut(repr(path))}: the lab does not open files named "
+                             f"by a page; fix: give {inline}, or start the lab with "
+                             "--data-dir DIR and name a file inside DIR")
+        root = Path(self.base_dir).resolve()
+        p = Path(path)
+        if p.is_absolute() or ".." in p.parts or "\0" in path:
+            raise InputError(f"{field} = {cut(repr(path))}: expected a path inside the lab's "
+                             f"--data-dir, relative to it; fix: name a file inside "
+                             f"{cut(str(root))}, or give {inline}")
+        real = (root / p).resolve()
+        if not real.is_relative_to(root):  # a link that leads out of the folder
+            raise InputError(f"{field} = {cut(repr(path))}: leads outside the lab's "
+                             f"--data-dir; fix: copy the file into {cut(str(root))}")
+        return real
+
+
+@dataclass(frozen=True, slots=True)
+class FieldInfo:
+    """One scenario field as declared on its section (see `spec`)."""
+
+    section: str
+    name: str
+    type: str  # the annotation, e.g. "float | None"
+    default: Any
+    rule: Callable[[str, Any], Any]
+    help: str
+    unit: str
+    flags: tuple[str, ...]
+    control: Control | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def toml(self) -> str:
+        return f"[{self.section}] {self.name}"
+
+
+_CLASSES: dict[str, type] = {"workload": Workload, "batching": BatchingPolicy,
+                             "hardware": Hardware, "model": ServiceModelSpec,
+                             "latency": Latency, "plan": PlanLimits, "llm": LlmPool}
+
+# Every declared field, by its flat key ("workload.qps"), in declaration order.
+FIELDS: dict[str, FieldInfo] = {
+    f"{section}.{f.name}": FieldInfo(
+        section, f.name, str(f.type), f.default, f.metadata["rule"], f.metadata["help"],
+        f.metadata["unit"], f.metadata["flags"], f.metadata["control"])
+    for section, cls in _CLASSES.items() for f in fields(cls) if "rule" in f.metadata
 }
+
+# The rules table: per section, one rule per TOML key (the [hardware] catalog figures
+# are keys without a field of their own: they land in Hardware.overrides).
+_SECTIONS: dict[str, tuple[type, dict[str, Callable[[str, Any], Any]]]] = {
+    section: (cls, {f.name: f.rule for f in FIELDS.values() if f.section == section})
+    for section, cls in _CLASSES.items()
+}
+_SECTIONS["hardware"][1].update({fig: _num(0, 1e9, strict_lo=True) for fig in FIGURES
+                                 if fig != "price_per_gpu_hour_usd"})
+
+
+def flag_keys(*sections: str) -> dict[str, str]:
+    """A command's parameter name -> the scenario key its flag sets, for the fields of
+    `sections` that declare a flag ("--max-queue-delay-us" -> max_queue_delay_us)."""
+    return {f.flags[0].split("/")[0].lstrip("-").replace("-", "_"): f.key
+            for f in FIELDS.values() if f.flags and f.section in sections}
+
+
+def lab_controls() -> list[dict[str, Any]]:
+    """The lab sidebar's groups of controls, in declaration order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for f in FIELDS.values():
+        if f.control is not None:
+            groups.setdefault(f.control.group, []).append(f.control.to_dict(f.key))
+    return [{"group": g, "items": items} for g, items in groups.items()]
+
 
 # [lab.drift]: the lab's "Features and drift" view (the feature shown and the what-if applied
 # to its sample), so Export/Load TOML keep it. Not part of the deployment: every command but

@@ -49,6 +49,7 @@ from servelab.scenario import (
     MAX_SPAN_S,
     Scenario,
     flatten,
+    lab_controls,
     lab_view,
     load_scenario,
     scenario_from_dict,
@@ -421,6 +422,7 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
     def meta() -> dict[str, Any]:
         return {
             "default_state": default_state(),
+            "controls": lab_controls(),  # from the scenario's field declarations
             "gpus": gpu_names(),
             "models": model_names(),
             "kv_dtypes": ["auto", *KV_DTYPES],

@@ -2,53 +2,9 @@
 // No number is computed here: the server returns every figure; this file formats and draws.
 "use strict";
 
-const CONTROLS = [
-  { group: "Traffic", items: [
-    { key: "workload.qps", label: "QPS", min: 100, max: 50000, step: 100 },
-    { key: "workload.arrival", label: "Arrivals", options: ["poisson", "constant", "gamma"] },
-    { key: "workload.num_requests", label: "Simulated requests", min: 10000, max: 1000000, step: 10000 },
-  ]},
-  { group: "Batching (Triton)", items: [
-    { key: "batching.max_queue_delay_microseconds", label: "Batch window (max_queue_delay, µs)", min: 0, max: 20000, step: 100 },
-    { key: "batching.max_batch_size", label: "max_batch_size", min: 1, max: 256, step: 1 },
-    { key: "batching.preferred_batch_size", label: "preferred_batch_size (e.g. 4,8)", list: true },
-    { key: "batching.instances_per_gpu", label: "Instances per GPU", min: 1, max: 8, step: 1 },
-    { key: "batching.max_queue_size", label: "max_queue_size (0: unbounded)", min: 0, max: 5000, step: 10 },
-    { key: "batching.default_timeout_microseconds", label: "Timeout (µs, 0: none)", min: 0, max: 100000, step: 500 },
-  ]},
-  { group: "Hardware", items: [
-    { key: "hardware.gpu", label: "GPU", optionsFrom: "gpus" },
-    { key: "hardware.num_gpus", label: "GPUs", min: 1, max: 64, step: 1 },
-  ]},
-  { group: "Model (GPU time per batch)", items: [
-    { key: "preset", label: "Preset", preset: true },
-    { key: "model.kind", label: "Service-time model", options: ["roofline", "affine", "constant"] },
-    { key: "model.latency_ms", label: "Batch time (ms)", min: 0.05, max: 50, step: 0.05, kinds: ["constant"] },
-    { key: "model.base_ms", label: "Per batch (ms)", min: 0, max: 20, step: 0.05, kinds: ["affine"] },
-    { key: "model.per_row_ms", label: "Per row (ms)", min: 0, max: 5, step: 0.01, kinds: ["affine"] },
-    { key: "model.flops_per_row", label: "FLOPs per row", number: true, kinds: ["roofline"] },
-    { key: "model.bytes_per_batch", label: "Bytes per batch (weights)", number: true, kinds: ["roofline"] },
-    { key: "model.bytes_per_row", label: "Bytes per row", number: true, kinds: ["roofline"] },
-    { key: "model.overhead_us", label: "Overhead per batch (µs)", min: 0, max: 3000, step: 10, kinds: ["roofline"] },
-    { key: "model.efficiency", label: "Efficiency", min: 0.05, max: 1, step: 0.05, kinds: ["roofline"] },
-    { key: "model.precision", label: "Precision", options: ["bf16", "fp8"], kinds: ["roofline"] },
-  ]},
-  { group: "Latency outside the GPU", items: [
-    { key: "latency.feature_fetch_ms", label: "Feature fetch (ms)", min: 0, max: 50, step: 0.1 },
-    { key: "latency.network_ms", label: "Network (ms)", min: 0, max: 50, step: 0.1 },
-    { key: "latency.p99_slo_ms", label: "p99 SLO (ms)", min: 1, max: 500, step: 1 },
-  ]},
-  { group: "LLM KV-cache pool (vLLM)", items: [
-    { key: "llm.model", label: "Model", optionsFrom: "models" },
-    { key: "llm.kv_dtype", label: "KV dtype", optionsFrom: "kv_dtypes" },
-    { key: "llm.weight_dtype", label: "Weight dtype", optionsFrom: "weight_dtypes" },
-    { key: "llm.context_tokens", label: "Context (tokens)", min: 512, max: 131072, step: 512 },
-    { key: "llm.num_gpus", label: "GPUs", min: 1, max: 16, step: 1 },
-    { key: "llm.tp", label: "Tensor parallel (0: all GPUs)", min: 0, max: 16, step: 1 },
-    { key: "llm.gpu_memory_utilization", label: "gpu_memory_utilization", min: 0.5, max: 0.98, step: 0.01 },
-    { key: "llm.block_size", label: "Block size (tokens)", options: ["8", "16", "32"], numeric: true },
-  ]},
-];
+// The sidebar's controls come from the scenario's field declarations (/api/meta
+// "controls": group, key, label, range or options); the model group starts with the presets.
+const MODEL_GROUP = "Model (GPU time per batch)";
 
 const PRESETS = {
   "seed: BERT-base-class encoder (roofline)": null, // the seed's own values
@@ -95,10 +51,11 @@ function bytes(v) {
 
 function buildControls() {
   const root = $("#controls");
-  for (const grp of CONTROLS) {
+  for (const grp of META.controls) {
     const fs = document.createElement("fieldset");
     fs.innerHTML = `<legend>${grp.group}</legend>`;
-    for (const c of grp.items) fs.appendChild(buildControl(c));
+    const items = grp.group === MODEL_GROUP ? [{ key: "preset", label: "Preset", preset: true }, ...grp.items] : grp.items;
+    for (const c of items) fs.appendChild(buildControl(c));
     root.appendChild(fs);
   }
 }

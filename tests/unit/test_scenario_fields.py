@@ -1,0 +1,97 @@
+"""Each scenario field is declared once (scenario.spec on its section's dataclass): the rules
+table, every command's flags, the lab's sidebar and the errors' field all follow from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import servelab.cli as cli
+from servelab.errors import InputError
+from servelab.scenario import (
+    _CLASSES,
+    _SECTIONS,
+    FIELDS,
+    flag_keys,
+    lab_controls,
+    scenario_from_dict,
+)
+
+TYPES = {"float": float, "int": int, "str": str, "bool": bool, "tuple[int, ...]": list[int]}
+
+
+def test_the_rules_table_is_the_declarations():
+    for key, f in FIELDS.items():
+        assert f.help.strip(), key
+        assert _SECTIONS[f.section][1][f.name] is f.rule, key
+        declared = {x.name: x for x in dataclasses.fields(_CLASSES[f.section])}[f.name]
+        assert declared.default == f.default, key
+    # every field of a section is declared, but Hardware.overrides (the catalog figures)
+    for section, cls in _CLASSES.items():
+        names = {x.name for x in dataclasses.fields(cls)} - {"overrides"}
+        assert names == {f.name for f in FIELDS.values() if f.section == section}, section
+
+
+def test_every_flag_is_the_declared_one_with_the_declared_type():
+    """The CLI's flag aliases (cli.*Opt) take their names and help from the declaration;
+    their Python type, written beside them for the type checker, is the declared one."""
+    by_flags: dict[tuple[str, ...], list] = {}  # --gpu is [hardware]'s and [llm]'s
+    for f in FIELDS.values():
+        if f.flags:
+            by_flags.setdefault(f.flags, []).append(f)
+    seen = set()
+    for name, alias in vars(cli).items():
+        if not name.endswith("Opt") or typing.get_origin(alias) is not typing.Annotated:
+            continue
+        base, info = typing.get_args(alias)[:2]
+        # typer.Option(*names) keeps the first name as its `default` (Annotated reads it so)
+        decls = (info.default, *info.param_decls) if isinstance(info.default, str) else ()
+        got = [a for a in typing.get_args(base) if a is not type(None)]
+        for f in by_flags.get(decls, []):
+            seen.add(f.key)
+            want = TYPES.get(f.type.removesuffix(" | None"), str)
+            assert got, name
+            assert got[0] == want or f.name.endswith("_csv"), (name, got, want)
+    # the common and [llm] flags are all here
+    assert set(flag_keys("workload", "batching", "hardware", "latency").values()) <= seen
+    assert {"llm.tp", "llm.request_rate", "llm.kv_dtype", "llm.scheduler"} <= seen
+
+
+def test_the_labs_sidebar_is_the_declared_controls():
+    groups = lab_controls()
+    keys = [c["key"] for g in groups for c in g["items"]]
+    assert keys == [k for k, f in FIELDS.items() if f.control is not None]
+    qps = next(c for g in groups for c in g["items"] if c["key"] == "workload.qps")
+    assert qps == {"key": "workload.qps", "label": "QPS", "min": 100, "max": 50000,
+                   "step": 100}
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(sorted(FIELDS)),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20),
+                       st.floats(allow_nan=True), st.text(max_size=20),
+                       st.lists(st.integers(-5, 5), max_size=3)))
+def test_an_error_carries_its_field(key, value):
+    """Any value for any declared field is taken, or refused by an InputError whose key is
+    that field's: a caller (the CLI naming its flag) needs no message parsing."""
+    f = FIELDS[key]
+    raw = {f.section: {f.name: value}}
+    error: InputError | None = None
+    try:
+        scenario_from_dict(raw)
+    except InputError as exc:
+        error = exc
+    if error is not None and str(error).startswith(f.toml + " ="):
+        assert error.key == key
+        assert str(error) == f.toml + error.detail
+
+
+def test_a_flags_error_names_the_flag_by_its_key():
+    with pytest.raises(InputError) as err:
+        cli._load({"scenario": "seed", "qps": -3.0})
+    assert str(err.value).startswith("--qps ([workload] qps) = -3.0: expected")
+    assert err.value.field == "--qps"
