@@ -95,3 +95,12 @@ def test_a_flags_error_names_the_flag_by_its_key():
         cli._load({"scenario": "seed", "qps": -3.0})
     assert str(err.value).startswith("--qps ([workload] qps) = -3.0: expected")
     assert err.value.field == "--qps"
+
+
+def test_the_scenario_reference_names_every_field():
+    """docs/scenario.md's table is written for people; it must not miss a declared field."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scenario.md").read_text()
+    missing = [k for k, f in FIELDS.items() if f"`{f.name}`" not in text and k not in text]
+    assert missing == []
