@@ -27,10 +27,11 @@ from rich.table import Table
 from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
 from servelab.errors import InputError, ServelabError, StoreError, cut, invalid
 from servelab.files import check_writable_target
+from servelab.flags import option
 from servelab.llm.from_scenario import llm_workload, serving_options, simulate_llm
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
-from servelab.scenario import FIELDS, LlmPool, Scenario, flag_keys
+from servelab.scenario import LlmPool, Scenario, flag_keys
 from servelab.seed import seed_comparison, seed_rows_dict
 
 app = typer.Typer(
@@ -49,14 +50,6 @@ stderr = Console(stderr=True)
 
 ScenarioOpt = Annotated[str, typer.Option("--scenario", "-s",
                                           help="A scenario TOML file, or 'seed'.")]
-
-# A scenario field's flag comes from its one declaration (scenario.FIELDS): its names and
-# its help (a command may say it in its own words). The Python type is written beside it
-# for the type checker; a test holds it to the declaration's.
-def option(key: str, *, help: str | None = None) -> Any:
-    f = FIELDS[key]
-    return typer.Option(*f.flags, help=help or f.help)
-
 
 QpsOpt = Annotated[float | None, option("workload.qps")]
 DelayOpt = Annotated[int | None, option("batching.max_queue_delay_microseconds")]

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 
 from servelab.errors import InputError, cut
+from servelab.flags import option
+from servelab.scenario import flag_keys
 
 stderr = Console(stderr=True)
 
@@ -55,16 +57,15 @@ def serve(
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s", help="Take [batching] from this scenario TOML (or 'seed').")
                         ] = "seed",
-    max_batch_size: Annotated[int | None, typer.Option(help="Triton max_batch_size.")] = None,
-    max_queue_delay_us: Annotated[int | None, typer.Option(
-        help="Triton max_queue_delay_microseconds.")] = None,
-    preferred_batch_size: Annotated[list[int] | None, typer.Option(
-        help="Triton preferred_batch_size (repeat).")] = None,
-    max_queue_size: Annotated[int | None, typer.Option(
-        help="Triton max_queue_size (0: unbounded).")] = None,
-    timeout_us: Annotated[int | None, typer.Option(
-        help="Triton default_timeout_microseconds (0: none).")] = None,
-    instances: Annotated[int | None, typer.Option(
+    max_batch_size: Annotated[int | None, option("batching.max_batch_size")] = None,
+    max_queue_delay_us: Annotated[int | None, option(
+        "batching.max_queue_delay_microseconds")] = None,
+    preferred_batch_size: Annotated[list[int] | None, option(
+        "batching.preferred_batch_size")] = None,
+    max_queue_size: Annotated[int | None, option("batching.max_queue_size")] = None,
+    timeout_us: Annotated[int | None, option("batching.default_timeout_microseconds")] = None,
+    instances: Annotated[int | None, option(
+        "batching.instances_per_gpu", names=("--instances",),
         help="Model instances (Triton instance_group count).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")
                     ] = "127.0.0.1",
@@ -99,14 +100,10 @@ def serve(
     from servelab.gateway.repository import load_repository
     from servelab.gateway.server import GatewaySpec, ModelSpec, build, run
 
-    policy = load(scenario, {
-        "batching.max_batch_size": max_batch_size,
-        "batching.max_queue_delay_microseconds": max_queue_delay_us,
-        "batching.preferred_batch_size": preferred_batch_size or None,
-        "batching.max_queue_size": max_queue_size,
-        "batching.default_timeout_microseconds": timeout_us,
-        "batching.instances_per_gpu": instances,
-    }).batching
+    given = {**locals(), "instances_per_gpu": instances,
+             "preferred_batch_size": preferred_batch_size or None}
+    policy = load(scenario, {key: given[name] for name, key in flag_keys("batching").items()
+                             if name in given}).batching
     models = [ModelSpec(*_model_flag(m), policy) for m in model or []]
     if model_repository is not None:
         models += [ModelSpec(m.name, str(m.path), m.policy, m.dynamic_batching, m.version,
