@@ -713,19 +713,15 @@ def test_a_link_and_an_exported_file_restore_every_section(browser, lab_url, tmp
     so does Export then Load TOML in another."""
     page, watch = open_lab(browser, lab_url + LIGHT_LLM)
     all_settled(page)
-    page.fill("#c-workload-qps", "3100")
-    page.dispatch_event("#c-workload-qps", "change")
-    page.fill("#llm-rate", "7")
-    page.dispatch_event("#llm-rate", "change")
     page.select_option("#drift-feature", "risk_score")
-    page.fill("#drift-shift", "0.5")
-    page.dispatch_event("#drift-shift", "input")
-    page.fill("#drift-rows", "800")
-    page.dispatch_event("#drift-rows", "input")
-    page.fill("#paging-requests", "400")
-    page.dispatch_event("#paging-requests", "change")
-    page.fill("#paging-prefix", "32")
-    page.dispatch_event("#paging-prefix", "change")
+    for selector, value, event in (("#c-workload-qps", "3100", "change"),
+                                   ("#llm-rate", "7", "change"),
+                                   ("#drift-shift", "0.5", "input"),
+                                   ("#drift-rows", "800", "input"),
+                                   ("#paging-requests", "400", "change"),
+                                   ("#paging-prefix", "32", "change")):
+        page.fill(selector, value)
+        page.dispatch_event(selector, event)
     want = all_settled(page)
     query = urlparse(page.url).query
     for key in ("workload.qps=3100", "llm.request_rate=7", "drift.feature=risk_score",
