@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from servelab.batching.analytic import estimate
 from servelab.batching.simulate import simulate
 from servelab.errors import InputError, closest, invalid
 from servelab.planner import plan
-from servelab.report import Report, build_report
+from servelab.report import Report, build_report, p99_interval_ms
 from servelab.scenario import Scenario, load_scenario
 
 # Sweepable parameters: CLI name -> scenario key, and whether the value is whole.
@@ -40,10 +41,16 @@ def load(source: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
     return s.with_overrides(given) if given else s
 
 
-def run_simulate(s: Scenario) -> Report:
-    """Simulate the scenario as given; the closed-form estimate at its GPU count alongside."""
+def run_simulate(s: Scenario, *, p99_interval: bool = False) -> Report:
+    """Simulate the scenario as given; the closed-form estimate at its GPU count alongside.
+    With `p99_interval`, the Report's latency carries the p99's 95% interval (batch means;
+    it costs about as much again as the report)."""
     sim = simulate(s)
-    return build_report(sim, closed_form=estimate(s, sim.service, s.hardware.num_gpus))
+    report = build_report(sim, closed_form=estimate(s, sim.service, s.hardware.num_gpus))
+    if not p99_interval:
+        return report
+    interval = p99_interval_ms(sim, report.latency.p99_ms)
+    return replace(report, latency=replace(report.latency, p99_interval_ms=interval))
 
 
 def run_plan(s: Scenario) -> Report:

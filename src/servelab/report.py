@@ -5,6 +5,7 @@ Metrics are computed here from a simulation's flat records, never in a front end
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future, wait
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -116,6 +117,9 @@ class LatencyStats:
     p95_ms: float
     p99_ms: float
     components: dict[str, Stat]
+    # the p99's 95% interval by batch means (see p99_interval_ms); None unless asked for
+    # (run_simulate(..., p99_interval=True): it costs about as much as the report)
+    p99_interval_ms: tuple[float | None, float | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +161,26 @@ class Report:
 
 
 MIN_ARRIVALS_TO_JUDGE = 100  # fewer: whether the queue grows cannot be told
+
+BATCHES = 10  # batch means: the run cut into this many consecutive blocks
+T_975_9 = 2.262  # Student's t, 97.5th percentile, 9 degrees of freedom
+
+
+def p99_interval_ms(sim: Simulation, p99: float | None) -> tuple[float | None, float | None]:
+    """A 95% interval for the end-to-end p99 by batch means: the served requests in
+    arrival order cut into 10 consecutive blocks, each block's p99, and the p99 +- t x
+    their standard deviation / sqrt(10). Blocks, not single requests, are taken as
+    independent, so queueing's correlation between neighbours widens the interval as
+    it should. Constant latency parts shift every block alike and are left out.
+    (None, None) with fewer than 1,000 served."""
+    e2e = variable_latency_s(sim)
+    if p99 is None or not math.isfinite(p99) or e2e.size < 100 * BATCHES:
+        return None, None
+    m = e2e.size // BATCHES
+    blocks = np.percentile(e2e[:m * BATCHES].reshape(BATCHES, m), 99, axis=1) * 1e3
+    half = T_975_9 * float(blocks.std(ddof=1)) / math.sqrt(BATCHES)
+    return p99 - half, p99 + half
+
 
 def jsonable(x: Any) -> Any:
     """A nested value with every non-finite float as None (JSON has no NaN or inf)."""

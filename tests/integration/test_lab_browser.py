@@ -21,7 +21,7 @@ from tests.browser_support import (
     running_lab,
     time_moves,
 )
-from tests.speed import bar_ms, host_slowness
+from tests.speed import bar_ms, slowness_used
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -138,7 +138,7 @@ def test_first_readouts_paint_within_1_5_s(browser, lab_url):
     come before plotly.js (4.8 MB) and before the other sections ask for anything."""
     times = [first_readout_ms(browser, lab_url) for _ in range(3)]
     bar = bar_ms(1500)
-    print(f"first read-outs: {sorted(times)} ms; bar {bar:.0f} ms (host {host_slowness():.2f}x)")
+    print(f"first read-outs: {sorted(times)} ms; bar {bar:.0f} ms (host {slowness_used():.2f}x)")
     assert sorted(times)[1] < bar, times  # the median of three visits
 
 
@@ -154,7 +154,7 @@ def test_each_readout_follows_its_control_within_100_ms(browser, lab_url):
         assert len(times) >= 20, (label, times)
         assert min(times) >= 0, (label, times)  # each move changed the read-out
         p95 = sorted(times)[round(0.95 * (len(times) - 1))]
-        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {host_slowness():.2f}x)")
+        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {slowness_used():.2f}x)")
         assert p95 < bar, (label, p95, sorted(times))
     assert watch.errors == []
     page.close()
@@ -173,7 +173,7 @@ def test_a_keyboard_step_paints_its_final_figures_within_100_ms(browser, lab_url
     for label, times in results.items():
         assert min(times) >= 0, (label, times)
         p95 = sorted(times)[round(0.95 * (len(times) - 1))]
-        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {host_slowness():.2f}x)")
+        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {slowness_used():.2f}x)")
         assert p95 < bar, (label, p95, sorted(times))
     assert not any(updates)  # no preview ran for a key step
     assert len(updates) == sum(len(v) for v in results.values())  # one update a step
@@ -618,13 +618,14 @@ def test_the_llm_section_previews_a_drag_and_answers_its_release_within_1_s(brow
         p, f = page.evaluate(LLM_MOVE_JS, ["#llm-rate", 5.5 + 0.5 * k])
         previews.append(p)
         finals.append(f)
+    bar = bar_ms(100)
     print(f"LLM slider: preview p50 {sorted(previews)[12]:.0f} p95 {sorted(previews)[23]:.0f} "
           f"ms; final p50 {sorted(finals)[12]:.0f} p95 {sorted(finals)[23]:.0f} ms; bars "
-          f"{bar_ms(100):.0f} and {bar_ms(1000):.0f} ms (host {host_slowness():.2f}x)")
+          f"{bar:.0f} and {10 * bar:.0f} ms (host {slowness_used():.2f}x)")
     assert min(previews) >= 0
     assert min(finals) >= 0
-    assert sorted(previews)[23] < bar_ms(100), sorted(previews)  # p95 of 25
-    assert sorted(finals)[23] < bar_ms(1000), sorted(finals)
+    assert sorted(previews)[23] < bar, sorted(previews)  # p95 of 25
+    assert sorted(finals)[23] < 10 * bar, sorted(finals)
     assert page.input_value("#llm-rate-n") == "17.5"
     # a typed value moves the slider and runs
     page.fill("#llm-rate-n", "12")
@@ -918,13 +919,13 @@ def test_a_mouse_click_or_drag_leaves_the_state_its_final_value_gives(browser, l
     page.close()
 
 
-# From a range's first input event (the mouse pressed on it) to the first read-outs painted
-# that are not a preview's: the final figures of a click.
+# From a range's change event (the mouse let go) to the first read-outs painted that are
+# not a preview's: the final figures of a click.
 CLICK_TIMER_JS = """(id) => {
   window.__clicks = []; let t0 = null; let before = null;
   const results = document.querySelector('#results');
-  document.querySelector('#' + id).addEventListener('input', (e) => {
-    if (t0 === null) { t0 = performance.now(); before = results.dataset.rendered; }
+  document.querySelector('#' + id).addEventListener('change', () => {
+    t0 = performance.now(); before = results.dataset.rendered;
   });
   new MutationObserver(() => {
     if (t0 === null || results.dataset.rendered === before) return;
@@ -937,9 +938,9 @@ CLICK_TIMER_JS = """(id) => {
 
 @pytest.mark.parametrize("key", ["workload.qps", "batching.max_queue_delay_microseconds"])
 def test_a_mouse_click_paints_its_final_figures_within_100_ms(browser, lab_url, key):
-    """Issue 29: a slider moved by a real mouse click (input on press, change on release,
-    a preview free to run between them) paints its final figures within 100 ms p95 of the
-    press, 25 clicks."""
+    """Issue 29: a slider clicked as a person clicks (pressed for 80 ms: input and a
+    preview on the press, change on the release) paints its final figures within 100 ms
+    p95 of the release, 25 clicks; the preview of the press never stands in for them."""
     page, watch = open_lab(browser, lab_url)
     page.wait_for_function(SETTLED_JS, timeout=60_000)
     range_id = "c-" + key.replace(".", "-").replace("_", "-") + "-range"
@@ -948,17 +949,21 @@ def test_a_mouse_click_paints_its_final_figures_within_100_ms(browser, lab_url, 
     values = []
     for i in range(25):
         settle(page)
-        page.mouse.click(*_range_point(page, range_id, 0.3 + 0.4 * (i % 2) + 0.005 * i))
+        page.mouse.move(*_range_point(page, range_id, 0.3 + 0.4 * (i % 2) + 0.005 * i))
+        page.mouse.down()
+        page.wait_for_timeout(80)
+        page.mouse.up()
         page.wait_for_function(f"window.__clicks.length === {i + 1}", timeout=30_000)
         values.append(page.input_value(f"#{range_id}"))
     times = page.evaluate("window.__clicks")
     settle(page)
     assert len(set(values)) > 20, values  # each click moved the slider
     assert page.get_attribute("#results", "data-preview") == ""
+    assert page.input_value("#c-workload-num-requests") == "200000"  # no preview's size
     p95 = sorted(times)[round(0.95 * (len(times) - 1))]
     bar = bar_ms(100)
     print(f"{key} clicks: p50 {sorted(times)[12]:.0f} ms, p95 {p95:.0f} ms; bar {bar:.0f} ms "
-          f"(host {host_slowness():.2f}x)")
+          f"(host {slowness_used():.2f}x)")
     assert p95 < bar, sorted(times)
     assert watch.errors == []
     page.close()

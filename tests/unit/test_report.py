@@ -156,3 +156,22 @@ def test_an_inline_trace_offers_its_own_rate_not_the_unused_qps():
                       "workload.arrivals_s": [i * 0.01 for i in range(101)]})
     offered = run_simulate(s).throughput.offered_qps
     assert offered == pytest.approx(101 / 1.0)
+
+
+def test_the_p99_interval_covers_the_long_run_p99():
+    """The Report's p99 interval (asked for: run_simulate(..., p99_interval=True)) is a
+    95% interval by batch means: over 20 short runs on other seeds it holds a 1,000,000-
+    request run's p99 in at least 15 (binomial at 95%: fewer than 15 has odds ~3e-4)."""
+    from servelab.api import load, run_simulate
+
+    def at(n: int, seed: int) -> object:
+        return load("seed", {"workload.num_requests": n, "workload.seed": seed,
+                             "workload.qps": 8000})
+
+    truth = run_simulate(at(1_000_000, 999)).latency.p99_ms
+    held = 0
+    for seed in range(20):
+        lo, hi = run_simulate(at(20_000, seed), p99_interval=True).latency.p99_interval_ms
+        held += lo <= truth <= hi
+    assert held >= 15, held
+    assert run_simulate(at(500, 0), p99_interval=True).latency.p99_interval_ms == (None, None)

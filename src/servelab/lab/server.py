@@ -7,7 +7,6 @@ Nothing is fetched from outside: plotly.js is served from the installed
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -16,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import plotly
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,9 +24,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
-from servelab.api import run_plan, run_sweep
-from servelab.batching.analytic import estimate
-from servelab.batching.simulate import Simulation, simulate
+from servelab.api import run_plan, run_simulate, run_sweep
 from servelab.catalog import gpu_names
 from servelab.errors import InputError, ServelabError, cut, invalid
 from servelab.files import parse_toml
@@ -41,7 +37,7 @@ from servelab.lab.llm_lab import sweep as sweep_llm
 from servelab.llm.kv import KV_DTYPES, WEIGHT_DTYPES
 from servelab.llm.models import model_names
 from servelab.llm.pool import kv_report, pool_spec
-from servelab.report import build_report, jsonable, variable_latency_s
+from servelab.report import jsonable
 from servelab.scenario import (
     LAB_PAGING_MAX_LEN,
     LAB_PAGING_MAX_REQUESTS,
@@ -169,25 +165,6 @@ def _precise(p99: float | None, interval: list[float | None]) -> bool:
     return (hi - lo) / 2 <= PREVIEW_P99_PRECISION * p99
 
 
-BATCHES = 10  # batch means: the run cut into this many consecutive blocks
-T_975_9 = 2.262  # Student's t, 97.5th percentile, 9 degrees of freedom
-
-
-def _p99_interval_ms(sim: Simulation, p99: float | None) -> list[float | None]:
-    """A 95% interval for the end-to-end p99 by batch means: the served requests in
-    arrival order cut into 10 consecutive blocks, each block's p99, and the p99 +- t x
-    their standard deviation / sqrt(10). Blocks, not single requests, are taken as
-    independent, so queueing's correlation between neighbours widens the interval as
-    it should. Constant latency parts shift every block alike and are left out."""
-    e2e = variable_latency_s(sim)
-    if p99 is None or e2e.size < 100 * BATCHES:
-        return [None, None]
-    m = e2e.size // BATCHES
-    blocks = np.percentile(e2e[:m * BATCHES].reshape(BATCHES, m), 99, axis=1) * 1e3
-    half = T_975_9 * float(blocks.std(ddof=1)) / math.sqrt(BATCHES)
-    return [p99 - half, p99 + half]
-
-
 def _batching_part(s: Scenario) -> Scenario:
     """The scenario without its LLM pool: what the simulator and the planner read, so a
     KV-cache move finds their answers cached and only the closed-form KV figures run."""
@@ -195,12 +172,8 @@ def _batching_part(s: Scenario) -> Scenario:
 
 
 def _simulate_with_interval(s: Scenario) -> dict[str, Any]:
-    """`run_simulate`'s Report, with the p99's 95% interval added to its latency."""
-    sim = simulate(s)
-    out = build_report(sim, closed_form=estimate(s, sim.service, s.hardware.num_gpus)
-                       ).to_dict()
-    out["latency"]["p99_interval_ms"] = _p99_interval_ms(sim, out["latency"]["p99_ms"])
-    return out
+    """`run_simulate`'s Report, with the p99's 95% interval (the Report's, asked for)."""
+    return run_simulate(s, p99_interval=True).to_dict()
 
 
 @lru_cache(maxsize=128)
