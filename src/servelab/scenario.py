@@ -848,16 +848,22 @@ def lab_view(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     for view, table in lab.items():
         if view not in _LAB:
             raise unknown_key("[lab]", view, _LAB)
-        if not isinstance(table, Mapping):
-            raise invalid(f"[lab.{view}]", table, "a table of keys",
-                          f"write [lab.{view}] on its own line, keys below")
-        rules = _LAB[view]
-        out[view] = {}
-        for key, v in table.items():
-            if key not in rules:
-                raise unknown_key(f"[lab.{view}]", key, rules)
-            out[view][key] = rules[key](f"[lab.{view}] {key}", v)
+        out[view] = _checked(f"lab.{view}", table, _LAB[view])
     return out
+
+
+def _checked(name: str, raw: Any, rules: Mapping[str, Callable[[str, Any], Any]]
+             ) -> dict[str, Any]:
+    """A TOML table [name] checked key by key against its rules."""
+    if not isinstance(raw, Mapping):
+        raise invalid(f"[{name}]", raw, "a table of keys",
+                      f"write [{name}] on its own line, keys below")
+    values: dict[str, Any] = {}
+    for key, v in raw.items():
+        if key not in rules:
+            raise unknown_key(f"[{name}]", key, rules)
+        values[key] = rules[key](f"[{name}] {key}", v)
+    return values
 
 # Which [model] keys each service-time kind takes (beyond kind/name/variability/cv).
 _MODEL_KEYS = {
@@ -872,14 +878,7 @@ _MODEL_COMMON = {"kind", "name", "variability", "cv", "multipliers"}
 
 def _section(name: str, raw: Any) -> Any:
     cls, rules = _SECTIONS[name]
-    if not isinstance(raw, Mapping):
-        raise invalid(f"[{name}]", raw, "a table of keys",
-                      f"write [{name}] on its own line, keys below")
-    values: dict[str, Any] = {}
-    for key, v in raw.items():
-        if key not in rules:
-            raise unknown_key(f"[{name}]", key, rules)
-        values[key] = rules[key](f"[{name}] {key}", v)
+    values = _checked(name, raw, rules)
     if name == "llm" and values.get("gpu"):
         values["gpu"] = resolve_gpu_name(values["gpu"], "[llm] gpu")
     if name == "llm" and values.get("tp") and values.get("num_gpus", 1) % values["tp"]:

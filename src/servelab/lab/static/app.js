@@ -283,17 +283,19 @@ function pagingSettings() {
 let pagingWanted = null;  // the pool key of the latest paging request
 let pagingTimer = null;
 let pagingBusy = false;
-// While a replay runs, the card says its figures are the previous settings' (faded, with
-// a line on the card); they are replaced when the replay answers.
-function pagingPending(on) {
-  $("#card-paging").dataset.pending = on && last.paging ? "1" : "";
-  $("#paging-card-status").textContent = on ? (last.paging ? "· replaying for the new settings…" : "· replaying…") : "";
-  $("#paging-status").textContent = on ? "(replaying allocations…)" : "";
+// While a replay runs, or when the new settings failed, the card says its figures are the
+// previous settings' (faded, with a line on the card). state: "running", "failed" or "".
+const PAGING_CARD = { running: "· replaying for the new settings…", failed: "· the previous settings' (the new ones failed)" };
+function pagingPending(state) {
+  const stale = state !== "" && Boolean(last.paging);
+  $("#card-paging").dataset.pending = stale ? "1" : "";
+  $("#paging-card-status").textContent = stale ? PAGING_CARD[state] : (state === "running" ? "· replaying…" : "");
+  $("#paging-status").textContent = state === "running" ? "(replaying allocations…)" : "";
 }
 
 function refreshPaging(sent, key) {
   pagingWanted = key;
-  pagingPending(true);
+  pagingPending("running");
   clearTimeout(pagingTimer);
   pagingTimer = setTimeout(() => runPaging(sent, key), last.paging ? 400 : 0);
 }
@@ -306,17 +308,13 @@ async function runPaging(sent, key) {
     const paging = await post("/api/paging", { state: sent, ...pagingSettings() });
     if (pagingWanted !== key) return;  // a newer pool was asked for meanwhile
     last.paging = paging;
-    pagingPending(false);
+    pagingPending("");
     renderReadouts();
     renderNotes(allNotes());
     drawLater();
   } catch (err) {
     if (pagingWanted !== key) return;
-    pagingPending(false);
-    if (last.paging) {  // the card keeps the previous settings' figures: it says so
-      $("#card-paging").dataset.pending = "1";
-      $("#paging-card-status").textContent = "· the previous settings' (the new ones failed)";
-    }
+    pagingPending("failed");
     showError(err.message);
   } finally {
     pagingBusy = false;
@@ -381,12 +379,6 @@ function pickModel(obj) {  // keep the fields of other service-time kinds while 
 
 // Read-outs first, in the same task as the answer; the charts on a later frame, after the
 // numbers have painted, and only those whose data changed.
-function render() {
-  renderReadouts();
-  renderNotes(allNotes());
-  drawLater();
-}
-
 function allNotes() {
   return [...(last.update.notes || []), ...((last.paging && last.paging.notes) || [])];
 }
