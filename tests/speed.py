@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 REFERENCE_SIMPY_SEED_PER_S = 170_000  # the 2-core VM, 2026-11-30 and 2026-12-01
 CALIBRATION_REQUESTS = 50_000
@@ -72,3 +73,32 @@ def bar_ms(base_ms: float) -> float:
 def slowness_used() -> float:
     """The factor the last `bar_ms` used."""
     return _used[0]
+
+
+TRIES = 3
+
+
+def holds_within(measure: Callable[[], dict[str, tuple[float, float]]], tries: int = TRIES
+                 ) -> None:
+    """Runs `measure` up to `tries` times and passes at the first run whose every figure
+    is under its bar; fails, naming each try's figures, when every try missed.
+
+    `measure` returns {label: (figure_ms, base_ms)} and asserts its own functional checks
+    (those fail at once). The bar is base_ms at the host's speed right after the run
+    (`bar_ms`). Why tries: a VM here has been 1.8x and 3.0x slower than the reference an
+    hour apart, and a moment's stall lands in one p95 of 25 moves; a regression misses on
+    every try, a busy moment on one."""
+    seen = []
+    for k in range(tries):
+        figures = measure()
+        factor = max(host_slowness(), measure_slowness())
+        _used[0] = factor
+        misses = {label: (round(v, 1), round(base * factor, 1))
+                  for label, (v, base) in figures.items() if not v < base * factor}
+        print(f"try {k + 1}: " + ", ".join(f"{label} {v:.0f} ms (bar {base * factor:.0f})"
+                                           for label, (v, base) in figures.items())
+              + f"; host {factor:.2f}x")
+        if not misses:
+            return
+        seen.append(misses)
+    raise AssertionError(f"every one of {tries} tries missed a bar (figure, bar): {seen}")

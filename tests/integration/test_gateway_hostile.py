@@ -19,6 +19,7 @@ from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loo
 from tests.integration.test_gateway import gateway
 from tests.integration.test_gateway_features import gateway as feature_gateway
 from tests.integration.test_gateway_features import make_repo
+from tests.speed import holds_within
 
 SMALL = (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": ['
          + b", ".join([b"0.25"] * 16) + b"]}]}")
@@ -66,27 +67,33 @@ def test_a_64mb_body_is_refused_unread_while_small_requests_keep_their_p99(tmp_p
     with gateway(tmp_path) as (proc, url):
         port = int(url.rsplit(":", 1)[1])
         small_load(port, seconds=1.0)  # warm up
-        quiet = small_load(port, seed=1)
-        before = rss_mib(proc.pid)
-        answers: list[bytes] = []
 
-        def hostile() -> None:
-            for i in range(6):
-                answers.append(send_huge(port, chunked=bool(i % 2)))
+        def measure() -> dict[str, tuple[float, float]]:
+            quiet = small_load(port, seed=1)
+            before = rss_mib(proc.pid)
+            answers: list[bytes] = []
 
-        t = threading.Thread(target=hostile)
-        t.start()
-        busy = small_load(port, seed=2)
-        t.join()
-        grown = rss_mib(proc.pid) - before
-        print(f"small requests at 1000/s: p99 {quiet['p99_ms']:.1f} ms alone, "
-              f"{busy['p99_ms']:.1f} ms beside 64 MB bodies; gateway RSS grew {grown:.1f} MiB")
-        assert all(a.startswith(b"HTTP/1.1 413") for a in answers), answers
-        assert grown < 8, f"the gateway's memory grew by {grown:.1f} MiB"
-        assert busy["errors"] == 0
-        assert busy["ok"] == 2000
-        # Before bounds, one such body held the event loop for about 10 s.
-        assert busy["p99_ms"] < quiet["p99_ms"] + 100, (quiet, busy)
+            def hostile() -> None:
+                for i in range(6):
+                    answers.append(send_huge(port, chunked=bool(i % 2)))
+
+            t = threading.Thread(target=hostile)
+            t.start()
+            busy = small_load(port, seed=2)
+            t.join()
+            grown = rss_mib(proc.pid) - before
+            print(f"small requests at 1000/s: p99 {quiet['p99_ms']:.1f} ms alone, "
+                  f"{busy['p99_ms']:.1f} ms beside 64 MB bodies; gateway RSS grew "
+                  f"{grown:.1f} MiB")
+            assert all(a.startswith(b"HTTP/1.1 413") for a in answers), answers
+            assert grown < 8, f"the gateway's memory grew by {grown:.1f} MiB"
+            assert busy["errors"] == 0
+            assert busy["ok"] == 2000
+            # Before bounds, one such body held the event loop for about 10 s.
+            return {"p99 beside the bodies over p99 alone":
+                    (busy["p99_ms"] - quiet["p99_ms"], 100)}
+
+        holds_within(measure)
 
 
 def test_half_open_slow_and_crowding_connections_lock_no_one_out(tmp_path):

@@ -21,7 +21,7 @@ from tests.browser_support import (
     running_lab,
     time_moves,
 )
-from tests.speed import bar_ms, slowness_used
+from tests.speed import holds_within
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -102,6 +102,10 @@ def cli(*args: str) -> dict[str, object]:
     return json.loads(p.stdout)
 
 
+def p95(times: list[float]) -> float:
+    return sorted(times)[round(0.95 * (len(times) - 1))]
+
+
 def get(d, dotted):  # type: ignore[no-untyped-def]
     for k in dotted.split("."):
         d = d[k]
@@ -136,49 +140,50 @@ def test_page_loads_clean_and_local_only(browser, lab_url):
 def test_first_readouts_paint_within_1_5_s(browser, lab_url):
     """Measured in the page, from navigation to the first read-out's text: the read-outs
     come before plotly.js (4.8 MB) and before the other sections ask for anything."""
-    times = [first_readout_ms(browser, lab_url) for _ in range(3)]
-    bar = bar_ms(1500)
-    print(f"first read-outs: {sorted(times)} ms; bar {bar:.0f} ms (host {slowness_used():.2f}x)")
-    assert sorted(times)[1] < bar, times  # the median of three visits
+    def measure() -> dict[str, tuple[float, float]]:
+        times = sorted(first_readout_ms(browser, lab_url) for _ in range(3))
+        return {"first read-outs, median of three visits": (times[1], 1500)}
+
+    holds_within(measure)
 
 
 def test_each_readout_follows_its_control_within_100_ms(browser, lab_url):
     """QPS, batch window, max batch size, context and KV dtype: 25 moves each, from the
     input event to the read-out's new text (and the frame that paints it), p95 < 100 ms."""
-    page, watch = open_lab(browser, lab_url)
-    # the page's start-up is over: its other sections answered, plotly.js drew the charts
-    page.wait_for_function(SETTLED_JS, timeout=60_000)
-    results = time_moves(page)
-    bar = bar_ms(100)
-    for label, times in results.items():
-        assert len(times) >= 20, (label, times)
-        assert min(times) >= 0, (label, times)  # each move changed the read-out
-        p95 = sorted(times)[round(0.95 * (len(times) - 1))]
-        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {slowness_used():.2f}x)")
-        assert p95 < bar, (label, p95, sorted(times))
-    assert watch.errors == []
-    page.close()
+    def measure() -> dict[str, tuple[float, float]]:
+        page, watch = open_lab(browser, lab_url)
+        # the page's start-up is over: its other sections answered, plotly.js drew charts
+        page.wait_for_function(SETTLED_JS, timeout=60_000)
+        results = time_moves(page)
+        for label, times in results.items():
+            assert len(times) >= 20, (label, times)
+            assert min(times) >= 0, (label, times)  # each move changed the read-out
+        assert watch.errors == []
+        page.close()
+        return {f"{label} p95": (p95(times), 100) for label, times in results.items()}
+
+    holds_within(measure)
 
 
 def test_a_keyboard_step_paints_its_final_figures_within_100_ms(browser, lab_url):
     """Issue 29: a keyboard step fires input and change together; the final read-outs
     (not a preview's) paint within 100 ms p95, 25 steps of each slider, one run a step."""
-    page, watch = open_lab(browser, lab_url)
-    page.wait_for_function(SETTLED_JS, timeout=60_000)
-    updates: list[bool] = []
-    page.on("request", lambda r: r.url.endswith("/api/update") and updates.append(
-        json.loads(r.post_data or "{}").get("preview", False)))
-    results = time_moves(page, KEY_MOVES)
-    bar = bar_ms(100)
-    for label, times in results.items():
-        assert min(times) >= 0, (label, times)
-        p95 = sorted(times)[round(0.95 * (len(times) - 1))]
-        print(f"{label}: p95 {p95:.0f} ms; bar {bar:.0f} ms (host {slowness_used():.2f}x)")
-        assert p95 < bar, (label, p95, sorted(times))
-    assert not any(updates)  # no preview ran for a key step
-    assert len(updates) == sum(len(v) for v in results.values())  # one update a step
-    assert watch.errors == []
-    page.close()
+    def measure() -> dict[str, tuple[float, float]]:
+        page, watch = open_lab(browser, lab_url)
+        page.wait_for_function(SETTLED_JS, timeout=60_000)
+        updates: list[bool] = []
+        page.on("request", lambda r: r.url.endswith("/api/update") and updates.append(
+            json.loads(r.post_data or "{}").get("preview", False)))
+        results = time_moves(page, KEY_MOVES)
+        for label, times in results.items():
+            assert min(times) >= 0, (label, times)
+        assert not any(updates)  # no preview ran for a key step
+        assert len(updates) == sum(len(v) for v in results.values())  # one update a step
+        assert watch.errors == []
+        page.close()
+        return {f"{label} p95": (p95(times), 100) for label, times in results.items()}
+
+    holds_within(measure)
 
 
 def test_phone_width_results_first_and_no_sideways_scroll(browser, lab_url):
@@ -611,21 +616,23 @@ def test_the_llm_section_previews_a_drag_and_answers_its_release_within_1_s(brow
     preview (faded, marked) within 100 ms p95; on release the final figures within 1 s."""
     page, watch = open_lab(browser, lab_url + LIGHT_LLM)
     page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
-    previews, finals = [], []
-    for k in range(25):
-        page.wait_for_function("document.querySelector('#llm-status').textContent === ''",
-                               timeout=60_000)
-        p, f = page.evaluate(LLM_MOVE_JS, ["#llm-rate", 5.5 + 0.5 * k])
-        previews.append(p)
-        finals.append(f)
-    bar = bar_ms(100)
-    print(f"LLM slider: preview p50 {sorted(previews)[12]:.0f} p95 {sorted(previews)[23]:.0f} "
-          f"ms; final p50 {sorted(finals)[12]:.0f} p95 {sorted(finals)[23]:.0f} ms; bars "
-          f"{bar:.0f} and {10 * bar:.0f} ms (host {slowness_used():.2f}x)")
-    assert min(previews) >= 0
-    assert min(finals) >= 0
-    assert sorted(previews)[23] < bar, sorted(previews)  # p95 of 25
-    assert sorted(finals)[23] < 10 * bar, sorted(finals)
+
+    def measure() -> dict[str, tuple[float, float]]:
+        previews, finals = [], []
+        for k in range(25):
+            page.wait_for_function("document.querySelector('#llm-status').textContent === ''",
+                                   timeout=60_000)
+            p, f = page.evaluate(LLM_MOVE_JS, ["#llm-rate", 5.5 + 0.5 * k])
+            previews.append(p)
+            finals.append(f)
+        assert min(previews) >= 0
+        assert min(finals) >= 0
+        print(f"LLM slider: preview p50 {sorted(previews)[12]:.0f} ms, "
+              f"final p50 {sorted(finals)[12]:.0f} ms")
+        return {"preview p95": (sorted(previews)[23], 100),  # p95 of 25
+                "final p95": (sorted(finals)[23], 1000)}
+
+    holds_within(measure)
     assert page.input_value("#llm-rate-n") == "17.5"
     # a typed value moves the slider and runs
     page.fill("#llm-rate-n", "12")
@@ -941,29 +948,30 @@ def test_a_mouse_click_paints_its_final_figures_within_100_ms(browser, lab_url, 
     """Issue 29: a slider clicked as a person clicks (pressed for 80 ms: input and a
     preview on the press, change on the release) paints its final figures within 100 ms
     p95 of the release, 25 clicks; the preview of the press never stands in for them."""
-    page, watch = open_lab(browser, lab_url)
-    page.wait_for_function(SETTLED_JS, timeout=60_000)
     range_id = "c-" + key.replace(".", "-").replace("_", "-") + "-range"
-    page.locator(f"#{range_id}").scroll_into_view_if_needed()
-    page.evaluate(CLICK_TIMER_JS, range_id)
-    values = []
-    for i in range(25):
+
+    def measure() -> dict[str, tuple[float, float]]:
+        page, watch = open_lab(browser, lab_url)
+        page.wait_for_function(SETTLED_JS, timeout=60_000)
+        page.locator(f"#{range_id}").scroll_into_view_if_needed()
+        page.evaluate(CLICK_TIMER_JS, range_id)
+        values = []
+        for i in range(25):
+            settle(page)
+            page.mouse.move(*_range_point(page, range_id, 0.3 + 0.4 * (i % 2) + 0.005 * i))
+            page.mouse.down()
+            page.wait_for_timeout(80)
+            page.mouse.up()
+            page.wait_for_function(f"window.__clicks.length === {i + 1}", timeout=30_000)
+            values.append(page.input_value(f"#{range_id}"))
+        times = page.evaluate("window.__clicks")
         settle(page)
-        page.mouse.move(*_range_point(page, range_id, 0.3 + 0.4 * (i % 2) + 0.005 * i))
-        page.mouse.down()
-        page.wait_for_timeout(80)
-        page.mouse.up()
-        page.wait_for_function(f"window.__clicks.length === {i + 1}", timeout=30_000)
-        values.append(page.input_value(f"#{range_id}"))
-    times = page.evaluate("window.__clicks")
-    settle(page)
-    assert len(set(values)) > 20, values  # each click moved the slider
-    assert page.get_attribute("#results", "data-preview") == ""
-    assert page.input_value("#c-workload-num-requests") == "200000"  # no preview's size
-    p95 = sorted(times)[round(0.95 * (len(times) - 1))]
-    bar = bar_ms(100)
-    print(f"{key} clicks: p50 {sorted(times)[12]:.0f} ms, p95 {p95:.0f} ms; bar {bar:.0f} ms "
-          f"(host {slowness_used():.2f}x)")
-    assert p95 < bar, sorted(times)
-    assert watch.errors == []
-    page.close()
+        assert len(set(values)) > 20, values  # each click moved the slider
+        assert page.get_attribute("#results", "data-preview") == ""
+        assert page.input_value("#c-workload-num-requests") == "200000"  # no preview's size
+        assert watch.errors == []
+        page.close()
+        print(f"{key} clicks: p50 {sorted(times)[12]:.0f} ms")
+        return {f"{key} clicks p95": (p95(times), 100)}
+
+    holds_within(measure)
