@@ -12,7 +12,6 @@ drawn ahead of the engine, half the Report's percentiles beside the other half).
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import time
@@ -22,12 +21,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.reference.simpy_batcher import simulate_simpy
 from tests.reference.simpy_triton import simulate_simpy_triton
 
 from servelab.batching.service import build_service_model, exec_table_ns
 from servelab.batching.simulate import simulate_policy
-from servelab.scenario import Closing, load_scenario
+from servelab.scenario import load_scenario
 
 CASES = {
     # name: (scenario overrides, description)
@@ -72,10 +70,8 @@ def main() -> None:
     n = args.requests
     print(f"{'case':<20} {'servelab req/s':>16} {'SimPy req/s':>13} {'ratio':>8}  same latencies")
     ok_all = True
-    for (name, (base, desc)), closing in itertools.product(CASES.items(), list(Closing)):
-        over = {**base, "batching.closing": closing.value}
-        reference = simulate_simpy_triton if closing is Closing.TRITON else simulate_simpy
-        s, arr, table, mult = inputs(over, n)
+    for name, (base, desc) in CASES.items():
+        s, arr, table, mult = inputs(base, n)
         pol = s.batching
         c = s.hardware.num_gpus * pol.instances_per_gpu
         simulate_policy(arr[:100], table, mult[:100], pol, c)  # JIT warm-up (cached on disk)
@@ -83,11 +79,12 @@ def main() -> None:
         def ours(arr=arr, table=table, mult=mult, pol=pol, c=c):  # type: ignore[no-untyped-def]
             return simulate_policy(arr, table, mult, pol, c)
 
-        def theirs(arr=arr, table=table, mult=mult, pol=pol, c=c,  # type: ignore[no-untyped-def]
-                   reference=reference):
-            return reference(arr, table, mult, set(pol.preferred_batch_size),
-                                  pol.max_batch_size, pol.max_queue_delay_microseconds * 1000, c,
-                                  pol.max_queue_size, pol.default_timeout_microseconds * 1000)
+        def theirs(arr=arr, table=table, mult=mult, pol=pol, c=c):  # type: ignore[no-untyped-def]
+            return simulate_simpy_triton(arr, table, mult, set(pol.preferred_batch_size),
+                                         pol.max_batch_size,
+                                         pol.max_queue_delay_microseconds * 1000, c,
+                                         pol.max_queue_size,
+                                         pol.default_timeout_microseconds * 1000)
 
         t_ours, _ = best_of(ours, args.repeat)
         t0 = time.perf_counter()
@@ -98,8 +95,7 @@ def main() -> None:
                 and np.array_equal(r.end_ns - r.arrival_ns, ref["end_ns"] - r.arrival_ns)
                 and np.array_equal(r.start_ns, ref["start_ns"]))
         ok_all &= same
-        label = f"{name} ({closing.value})"
-        print(f"{label:<20} {n / t_ours:>16,.0f} {n / t_simpy:>13,.0f} {t_simpy / t_ours:>7.0f}x"
+        print(f"{name:<20} {n / t_ours:>16,.0f} {n / t_simpy:>13,.0f} {t_simpy / t_ours:>7.0f}x"
               f"  {'yes' if same else 'NO'}   ({desc})")
     print(f"\n{n:,} requests per case; servelab best of {args.repeat}, SimPy one run; "
           "one core each.")

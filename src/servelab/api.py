@@ -18,21 +18,8 @@ from servelab.batching.simulate import simulate
 from servelab.errors import InputError, closest, invalid
 from servelab.planner import plan
 from servelab.report import Report, build_report, p99_interval_ms
-from servelab.scenario import Scenario, load_scenario
+from servelab.scenario import Scenario, load_scenario, sweep_names, sweep_params
 
-# Sweepable parameters: CLI name -> scenario key, and whether the value is whole.
-SWEEP_PARAMS: dict[str, tuple[str, bool]] = {
-    "qps": ("workload.qps", False),
-    "max_queue_delay_us": ("batching.max_queue_delay_microseconds", True),
-    "max_batch_size": ("batching.max_batch_size", True),
-    "instances_per_gpu": ("batching.instances_per_gpu", True),
-    "num_gpus": ("hardware.num_gpus", True),
-    "max_queue_size": ("batching.max_queue_size", True),
-    "timeout_us": ("batching.default_timeout_microseconds", True),
-    "p99_slo_ms": ("latency.p99_slo_ms", False),
-    "feature_fetch_ms": ("latency.feature_fetch_ms", False),
-    "network_ms": ("latency.network_ms", False),
-}
 
 def load(source: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
     """A scenario file (or 'seed') with flat ``section.key`` overrides (None: not given)."""
@@ -61,11 +48,14 @@ def run_plan(s: Scenario) -> Report:
 def run_sweep(s: Scenario, param: str, values: Sequence[float], *, plan: bool = False,
               on_step: Callable[[], object] | None = None) -> list[dict[str, Any]]:
     """One row of key figures per value of `param` (simulated, or planned with plan=True)."""
-    if param not in SWEEP_PARAMS:
-        guess = closest(param, SWEEP_PARAMS)
-        raise invalid("sweep parameter", param, f"one of {', '.join(SWEEP_PARAMS)}",
-                      f"did you mean {guess!r}?" if guess else "pick one of those")
-    key, whole = SWEEP_PARAMS[param]
+    params = sweep_params()
+    if param not in params:
+        guess = closest(param, params)
+        several = [n for n in params if n.endswith(f".{param}")]
+        raise invalid("sweep parameter", param, f"one of {', '.join(sweep_names())}",
+                      f"give it as {' or '.join(several)}" if several
+                      else f"did you mean {guess!r}?" if guess else "pick one of those")
+    key, whole = params[param]
     rows = []
     for v in values:
         if whole and float(v) != int(v):

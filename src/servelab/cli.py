@@ -24,14 +24,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from servelab.api import SWEEP_PARAMS, load, run_plan, run_simulate, run_sweep
+from servelab.api import load, run_plan, run_simulate, run_sweep
 from servelab.errors import InputError, ServelabError, StoreError, cut, invalid
 from servelab.files import check_writable_target
 from servelab.flags import option
 from servelab.llm.from_scenario import llm_workload, serving_options, simulate_llm
 from servelab.llm.pool import kv_report, pool_spec, run_paging
 from servelab.render import kv_tables, paging_table, print_to, report_tables, seed_table
-from servelab.scenario import LlmPool, Scenario, flag_keys
+from servelab.scenario import LlmPool, Scenario, flag_keys, sweep_names
 from servelab.seed import seed_comparison, seed_rows_dict
 
 app = typer.Typer(
@@ -150,7 +150,8 @@ def plan(
 
 @app.command()
 def sweep(
-    param: Annotated[str, typer.Argument(help=f"One of: {', '.join(SWEEP_PARAMS)}.")],
+    param: Annotated[str, typer.Argument(
+        help=f"One of: {', '.join(sweep_names())}; or any of those as section.key.")],
     start: Annotated[float | None, typer.Option(help="First value.")] = None,
     stop: Annotated[float | None, typer.Option(help="Last value (included).")] = None,
     steps: Annotated[int, typer.Option(help="Number of values from start to stop.")] = 8,

@@ -51,14 +51,16 @@ def json_response(obj: Any, status_code: int = 200) -> Response:
                     media_type="application/json")
 
 
-def error_body(message: str) -> bytes:
-    """Every error a servelab server sends: JSON, one line, the words the CLI would print."""
-    return json.dumps({"error": cut(message, 500)}).encode()
+def error_body(message: str, key: str | None = None) -> bytes:
+    """Every error a servelab server sends: JSON, one line, the words the CLI would print;
+    with the scenario key it is about ("llm.tp") when the error knows it."""
+    return json.dumps({"error": cut(message, 500), **({"key": key} if key else {})}).encode()
 
 
-def error_response(message: str, status_code: int, close: bool = False) -> Response:
+def error_response(message: str, status_code: int, close: bool = False,
+                   key: str | None = None) -> Response:
     """An error line; `close` ends the connection after it (the body was not read)."""
-    return Response(error_body(message), status_code=status_code,
+    return Response(error_body(message, key), status_code=status_code,
                     media_type="application/json",
                     headers={"connection": "close"} if close else None)
 

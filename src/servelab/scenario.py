@@ -8,6 +8,7 @@ frozen dataclasses. Keys use the names users know: Triton's for batching
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -52,10 +53,12 @@ class ServiceKind(Enum):
 
 
 class Closing(Enum):
-    """When a batch stops taking arrivals while every instance is busy."""
+    """When a batch stops taking arrivals while every instance is busy: the server whose
+    rule the simulator follows. Only Triton's today. ("absorb": a batch that takes
+    arrivals until an instance starts it, was removed in 0.2.0: it was 40-55% short on
+    a real Triton's queue, and no server measured here batches that way.)"""
 
     TRITON = "triton"  # Triton's batcher thread: payloads close and wait (see triton_engine)
-    ABSORB = "absorb"  # the batch keeps absorbing arrivals until an instance starts it
 
 
 class Variability(Enum):
@@ -147,6 +150,13 @@ def _enum(cls: type[Enum]) -> Callable[[str, Any], Any]:
         raise invalid(name, v, f"one of {', '.join(choices)}", fix)
 
     return conv
+
+
+def _closing(name: str, v: Any) -> Closing:
+    if isinstance(v, str) and v.lower() == "absorb":
+        raise invalid(name, v, "triton (the absorb rule was removed in 0.2.0)",
+                      "remove the key: Triton's rule is the only one")
+    return _enum(Closing)(name, v)  # type: ignore[no-any-return]
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -336,6 +346,7 @@ _TRAFFIC, _BATCHING, _HARDWARE = "Traffic", "Batching (Triton)", "Hardware"
 _MODEL, _OUTSIDE, _POOL = "Model (GPU time per batch)", "Latency outside the GPU", \
     "LLM KV-cache pool (vLLM)"
 _ROOF = ("roofline",)
+_SERVING = "LLM serving"  # the lab's LLM serving section, not its sidebar
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,8 +402,8 @@ class BatchingPolicy:
     instances_per_gpu: int = spec(1, _int(1, 64), "Model instances per GPU.",
                                   flags=("--instances-per-gpu",),
                                   control=Control(_BATCHING, "Instances per GPU", 1, 8, 1))
-    closing: Closing = spec(Closing.TRITON, _enum(Closing),
-                            "triton (Triton's batcher thread) or absorb.")
+    closing: Closing = spec(Closing.TRITON, _closing,
+                            "triton: Triton's batcher thread (the only rule).")
     # Share of completions at which Triton's woken batcher thread looks at the queue
     # before the freed instance takes the next waiting payload (`servelab replay-trace`
     # measures it from a Triton trace); 0 is the order the source implies.
@@ -596,9 +607,11 @@ class LlmPool:
     # else 2,048 and 256
     max_num_batched_tokens: int | None = spec(
         None, _opt(_int(1, 10_000_000)), "vLLM max_num_batched_tokens (the token budget of "
-        "a step).", unit="tokens", flags=("--max-num-batched-tokens",))
+        "a step).", unit="tokens", flags=("--max-num-batched-tokens",),
+        control=Control(_SERVING, "max_num_batched_tokens", 512, 32768, 512))
     max_num_seqs: int | None = spec(None, _opt(_int(1, 1_000_000)), "vLLM max_num_seqs.",
-                                    flags=("--max-num-seqs",))
+                                    flags=("--max-num-seqs",),
+                                    control=Control(_SERVING, "max_num_seqs", 1, 2048, 1))
     gpu_memory_gb: float | None = spec(None, _opt(_num(0, 1e6, strict_lo=True)),
                                        "The seed dashboard's memory per GPU.", unit="GB")
     weights_gb: float | None = spec(None, _opt(_num(0, 1e9)), "The seed dashboard's weights.",
@@ -606,7 +619,8 @@ class LlmPool:
     # Serving (`servelab llm simulate|plan`): the workload, the scheduler's switches, SLOs.
     request_rate: float = spec(5.0, _rate, "Requests per second over all replicas ([llm] "
                                "request_rate, default 5).", unit="requests/s",
-                               flags=("--rate", "--request-rate"))
+                               flags=("--rate", "--request-rate"),
+                               control=Control(_SERVING, "Requests/s", 0.25, 100, 0.25))
     num_requests: int = spec(2000, _int(1, 1_000_000), "Requests to simulate ([llm] "
                              "num_requests, default 2000).",
                              flags=("--num-requests", "--num-prompts"))
@@ -621,13 +635,15 @@ class LlmPool:
                              "burstiness).", flags=("--burstiness",))
     prompt_tokens: float = spec(512.0, _TOKENS, "Prompt length, mean tokens ([llm] "
                                 "prompt_tokens, default 512).", unit="tokens",
-                                flags=("--prompt-tokens",))
+                                flags=("--prompt-tokens",),
+                                control=Control(_SERVING, "Prompt tokens", 16, 8192, 16))
     prompt_tokens_p99: float | None = spec(None, _opt(_TOKENS), "Prompt p99 (log-normal "
                                            "through mean and p99; default: fixed).",
                                            unit="tokens", flags=("--prompt-tokens-p99",))
     output_tokens: float = spec(256.0, _TOKENS, "Output length, mean tokens ([llm] "
                                 "output_tokens, default 256).", unit="tokens",
-                                flags=("--output-tokens",))
+                                flags=("--output-tokens",),
+                                control=Control(_SERVING, "Output tokens", 16, 2048, 16))
     output_tokens_p99: float | None = spec(None, _opt(_TOKENS), "Output p99 (log-normal; "
                                            "default: fixed).", unit="tokens",
                                            flags=("--output-tokens-p99",))
@@ -805,12 +821,56 @@ def flag_keys(*sections: str) -> dict[str, str]:
             for f in FIELDS.values() if f.flags and f.section in sections}
 
 
+# `servelab sweep` varies one number of the deployment (the v2 sections; [llm] has its own
+# `llm simulate --sweep-rates`).
+SWEEP_SECTIONS = ("workload", "batching", "hardware", "model", "latency", "plan")
+
+
+def _sweepable() -> list[FieldInfo]:
+    return [f for f in FIELDS.values() if f.section in SWEEP_SECTIONS
+            and f.type.removesuffix(" | None") in ("int", "float")]
+
+
+def _sweep_name(f: FieldInfo, names: list[str]) -> str:
+    """A field's name as `sweep` lists it: its flag's, else its TOML key where no other
+    section has that key, else its dotted key."""
+    if f.flags:
+        return f.flags[0].split("/")[0].lstrip("-").replace("-", "_")
+    return f.name if names.count(f.name) == 1 else f.key
+
+
+@functools.cache
+def sweep_params() -> dict[str, tuple[str, bool]]:
+    """`sweep`'s parameter names -> (scenario key, whether whole). Every int or float field
+    of SWEEP_SECTIONS answers to its listed name (`sweep_names`), its TOML key where no
+    other section has that key, and its dotted key: "max_queue_delay_us",
+    "max_queue_delay_microseconds" and "batching.max_queue_delay_microseconds" are one."""
+    numeric = _sweepable()
+    names = [f.name for f in numeric]
+    out: dict[str, tuple[str, bool]] = {}
+    for f in numeric:
+        target = (f.key, f.type.startswith("int"))
+        for name in (_sweep_name(f, names), f.name if names.count(f.name) == 1 else f.key,
+                     f.key):
+            out.setdefault(name, target)
+    return out
+
+
+def sweep_names() -> list[str]:
+    """One name per sweepable field, in declaration order, for help and errors."""
+    numeric = _sweepable()
+    return [_sweep_name(f, [g.name for g in numeric]) for f in numeric]
+
+
 def lab_controls() -> list[dict[str, Any]]:
-    """The lab sidebar's groups of controls, in declaration order."""
+    """The lab's groups of controls, in declaration order: the sidebar's, and the LLM
+    serving section's (group "LLM serving")."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for f in FIELDS.values():
         if f.control is not None:
-            groups.setdefault(f.control.group, []).append(f.control.to_dict(f.key))
+            flags = [name for fl in f.flags for name in fl.split("/")[:1]]
+            groups.setdefault(f.control.group, []).append(
+                {**f.control.to_dict(f.key), **({"flags": flags} if flags else {})})
     return [{"group": g, "items": items} for g, items in groups.items()]
 
 

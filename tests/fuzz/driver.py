@@ -70,11 +70,6 @@ def main() -> None:
         run_one(warm)
     import numpy as np
 
-    from servelab.batching.simulate import simulate_policy
-    from servelab.scenario import BatchingPolicy, Closing
-
-    simulate_policy(np.arange(10, dtype=np.int64), np.ones(33), np.ones(10),
-                    BatchingPolicy(closing=Closing.ABSORB), 1)
     from servelab.drift_kernels import count_numeric  # drift's kernels, both of them
 
     for n_edges in (3, 40):

@@ -405,7 +405,7 @@ def test_every_sweep_marks_the_operating_point_and_axes_fit_their_data(browser, 
     assert [sh["x0"] for sh in layout("chart-window")["shapes"]] == [3.0]
     assert [sh["x0"] for sh in layout("chart-qps")["shapes"]] == [2500]
     llm = layout("chart-llm-rate")
-    assert [sh["x0"] for sh in llm["shapes"]] == [float(page.input_value("#llm-rate"))]
+    assert [sh["x0"] for sh in llm["shapes"]] == [float(page.input_value("#llm-request_rate"))]
     assert "overlaying" not in llm["yaxis2"]
     assert llm["yaxis"]["rangemode"] == llm["yaxis2"]["rangemode"] == "tozero"
     top = layout("chart-llm-kv")["yaxis"]["range"][1]
@@ -574,8 +574,8 @@ def test_llm_section_runs_the_simulator_and_follows_its_sliders(browser, lab_url
     want = post_llm(lab_url, page.evaluate("llmQuery()"))
     assert json.loads(page.get_attribute("#out-llm-ttft", "data-value")) == pytest.approx(
         want["ttft_ms"]["p99"])
-    page.fill("#llm-rate", "0.25")
-    page.dispatch_event("#llm-rate", "change")
+    page.fill("#llm-request_rate", "0.25")
+    page.dispatch_event("#llm-request_rate", "change")
     page.wait_for_function(f"document.querySelector('#out-llm-tps').textContent !== '{first}'",
                            timeout=60_000)
     # Charts draw on a later frame than the read-outs (and wait for plotly.js, which
@@ -622,7 +622,7 @@ def test_the_llm_section_previews_a_drag_and_answers_its_release_within_1_s(brow
         for k in range(25):
             page.wait_for_function("document.querySelector('#llm-status').textContent === ''",
                                    timeout=60_000)
-            p, f = page.evaluate(LLM_MOVE_JS, ["#llm-rate", 5.5 + 0.5 * k])
+            p, f = page.evaluate(LLM_MOVE_JS, ["#llm-request_rate", 5.5 + 0.5 * k])
             previews.append(p)
             finals.append(f)
         assert min(previews) >= 0
@@ -633,11 +633,11 @@ def test_the_llm_section_previews_a_drag_and_answers_its_release_within_1_s(brow
                 "final p95": (sorted(finals)[23], 1000)}
 
     holds_within(measure)
-    assert page.input_value("#llm-rate-n") == "17.5"
+    assert page.input_value("#llm-request_rate-n") == "17.5"
     # a typed value moves the slider and runs
-    page.fill("#llm-rate-n", "12")
-    page.dispatch_event("#llm-rate-n", "change")
-    page.wait_for_function("document.querySelector('#llm-rate').value === '12' && "
+    page.fill("#llm-request_rate-n", "12")
+    page.dispatch_event("#llm-request_rate-n", "change")
+    page.wait_for_function("document.querySelector('#llm-request_rate').value === '12' && "
                            "document.querySelector('#llm-status').textContent === ''",
                            timeout=60_000)
     assert not watch.errors, watch.errors
@@ -652,8 +652,8 @@ def test_a_link_restores_the_llm_and_drift_sections_and_reset_resets_them(browse
     page.wait_for_function("document.body.dataset.llmReady === '1' && "
                            "document.body.dataset.driftReady === '1'", timeout=60_000)
     first_tps = page.text_content("#out-llm-tps")
-    page.fill("#llm-rate", "0.25")
-    page.dispatch_event("#llm-rate", "change")
+    page.fill("#llm-request_rate", "0.25")
+    page.dispatch_event("#llm-request_rate", "change")
     page.wait_for_function(f"document.querySelector('#out-llm-tps').textContent !== "
                            f"'{first_tps}' && document.querySelector('#llm-status')"
                            ".textContent === ''", timeout=60_000)
@@ -668,8 +668,8 @@ def test_a_link_restores_the_llm_and_drift_sections_and_reset_resets_them(browse
     other, _ = open_lab(browser, page.url)
     other.wait_for_function("document.body.dataset.llmReady === '1' && "
                             "document.body.dataset.driftReady === '1'", timeout=60_000)
-    assert other.input_value("#llm-rate") == "0.25"
-    assert other.input_value("#llm-rate-n") == "0.25"
+    assert other.input_value("#llm-request_rate") == "0.25"
+    assert other.input_value("#llm-request_rate-n") == "0.25"
     assert other.input_value("#drift-shift") == "1"
     other.wait_for_function(f"document.querySelector('#out-drift-status').textContent === "
                             f"'{drift}'", timeout=30_000)
@@ -678,7 +678,7 @@ def test_a_link_restores_the_llm_and_drift_sections_and_reset_resets_them(browse
     page.click("#btn-reset")
     page.wait_for_function("!location.search.includes('llm.') && "
                            "!location.search.includes('drift.')", timeout=60_000)
-    assert page.input_value("#llm-rate") == "0.5"
+    assert page.input_value("#llm-request_rate") == "0.5"
     assert page.input_value("#drift-shift") == "0"
     assert not watch.errors, watch.errors
     page.close()
@@ -723,7 +723,7 @@ def test_a_link_and_an_exported_file_restore_every_section(browser, lab_url, tmp
     all_settled(page)
     page.select_option("#drift-feature", "risk_score")
     for selector, value, event in (("#c-workload-qps", "3100", "change"),
-                                   ("#llm-rate", "7", "change"),
+                                   ("#llm-request_rate", "7", "change"),
                                    ("#drift-shift", "0.5", "input"),
                                    ("#drift-rows", "800", "input"),
                                    ("#paging-requests", "400", "change"),
@@ -778,8 +778,8 @@ def test_one_llm_deployment_per_page_and_its_export_runs_the_same_in_the_cli(bro
     page.dispatch_event("#c-llm-num-gpus", "change")
     page.wait_for_function("document.querySelector('#llm-deployment').textContent"
                            ".includes('on 2 × 1 H100-SXM')", timeout=60_000)
-    page.fill("#llm-rate", "8")
-    page.dispatch_event("#llm-rate", "change")
+    page.fill("#llm-request_rate", "8")
+    page.dispatch_event("#llm-request_rate", "change")
     page.wait_for_function("LLM.sweep && LLM.sweep[3].rate === 8 && "
                            "document.querySelector('#llm-status').textContent === ''",
                            timeout=60_000)

@@ -1,19 +1,13 @@
-"""The batching rules, case by case, with times worked out by hand: the "absorb until
-start" option (closing = "absorb"), where a batch keeps taking arrivals while every
-instance is busy. Triton's own closing rule has its cases in test_triton_engine.py."""
+"""The batching rules, case by case, with times worked out by hand, on an idle instance
+(the delay, preferred sizes, the queue bound, timeouts, accounting). What Triton's
+batcher thread does while every instance is busy has its cases in test_triton_engine.py."""
 
 from __future__ import annotations
-
-from functools import partial
 
 import numpy as np
 
 from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT
-from servelab.scenario import Closing
-from tests.conftest import MS
-from tests.conftest import run_ms as _run_ms
-
-run_ms = partial(_run_ms, closing=Closing.ABSORB)
+from tests.conftest import MS, run_ms
 
 
 def batches(r):  # (start ms, size) per batch
@@ -49,21 +43,18 @@ def test_preferred_size_beats_a_full_max_batch_before_the_delay():
     # Triton sends the largest preferred size even when max_batch_size rows are queued.
     r = run_ms([0] * 10, 1.0, max_batch_size=8, preferred_batch_size=(4,),
                max_queue_delay_microseconds=10_000)
-    assert batches(r)[:2] == [(0.0, 4), (1.0, 4)]
-    # The last 2 wait for the delay (10 ms after their arrival at 0).
-    assert batches(r)[2] == (10.0, 2)
+    assert batches(r)[0] == (0.0, 4)
+    # The payload formed while it runs is test_triton_engine's (a waiting payload of the
+    # largest preferred size takes one more); the rest waits for the delay (10 ms after
+    # its arrival at 0).
+    assert batches(r)[-1][0] == 10.0
+    assert sum(b for _, b in batches(r)) == 10
 
 
 def test_expired_delay_sends_everything_pending_up_to_max():
     r = run_ms([0, 0, 0], 5.0, max_batch_size=8, preferred_batch_size=(4,),
                max_queue_delay_microseconds=1000)
     assert batches(r) == [(1.0, 3)]
-
-
-def test_busy_instance_batch_keeps_absorbing_arrivals():
-    r = run_ms([0, 2, 3, 4], 5.0, max_batch_size=8, max_queue_delay_microseconds=1000)
-    # 0 goes alone at 1 ms; 2, 3, 4 wait for the instance (free at 6 ms) and go together.
-    assert batches(r) == [(1.0, 1), (6.0, 3)]
 
 
 def test_zero_delay_sends_whatever_is_queued():
@@ -124,25 +115,24 @@ def test_every_request_is_accounted_for():
 def test_runs_of_small_batches_get_room_for_every_batch():
     """The per-batch records start with room for a batch per 4 requests; a run of batches
     of one overflows that and runs again with room for all: same result as one batch per
-    request, for both closing rules."""
+    request."""
     from servelab.batching.simulate import simulate_policy
     from servelab.scenario import BatchingPolicy
 
     n = 5_000
     arrivals = np.arange(n, dtype=np.int64) * 10 * MS  # far apart: every batch holds one
     table = np.full(33, 1.0 * MS)
-    for closing in (Closing.TRITON, Closing.ABSORB):
-        r = simulate_policy(arrivals, table, np.ones(1), BatchingPolicy(closing=closing), 1)
-        assert r.batch_size.size == n
-        assert (r.batch_size == 1).all()
-        assert (r.batch == np.arange(n)).all()
-        assert (r.status == SERVED).all()
-        assert (r.end_ns - r.start_ns == MS).all()
-        # a batch per 5 requests fits the first room
-        bunched = np.repeat(np.arange(n // 5, dtype=np.int64) * 10 * MS, 5)
-        r5 = simulate_policy(bunched, table, np.ones(1), BatchingPolicy(closing=closing), 1)
-        assert r5.batch_size.size == n // 5
-        assert (r5.batch_size == 5).all()
+    r = simulate_policy(arrivals, table, np.ones(1), BatchingPolicy(), 1)
+    assert r.batch_size.size == n
+    assert (r.batch_size == 1).all()
+    assert (r.batch == np.arange(n)).all()
+    assert (r.status == SERVED).all()
+    assert (r.end_ns - r.start_ns == MS).all()
+    # a batch per 5 requests fits the first room
+    bunched = np.repeat(np.arange(n // 5, dtype=np.int64) * 10 * MS, 5)
+    r5 = simulate_policy(bunched, table, np.ones(1), BatchingPolicy(), 1)
+    assert r5.batch_size.size == n // 5
+    assert (r5.batch_size == 5).all()
 
 
 def test_a_clock_past_int64_is_refused_when_a_later_part_shows_it():

@@ -12,15 +12,14 @@ from hypothesis import strategies as st
 
 from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT
 from servelab.batching.simulate import simulate_policy
-from servelab.scenario import BatchingPolicy, Closing
-from tests.reference.simpy_batcher import simulate_simpy
+from servelab.scenario import BatchingPolicy
 from tests.reference.simpy_triton import simulate_simpy_triton
 
 US = 1000  # ns
 
 
 @st.composite
-def cases(draw, closing: Closing | None = None):
+def cases(draw):
     mbs = draw(st.integers(1, 8))
     prefs = draw(st.lists(st.integers(1, mbs), max_size=3, unique=True))
     policy = BatchingPolicy(
@@ -29,7 +28,6 @@ def cases(draw, closing: Closing | None = None):
         max_queue_delay_microseconds=draw(st.sampled_from([0, 100, 250, 1000, 3000])),
         max_queue_size=draw(st.sampled_from([0, 0, 2, 5, 20])),
         default_timeout_microseconds=draw(st.sampled_from([0, 0, 500, 2000, 5000])),
-        closing=closing or draw(st.sampled_from(list(Closing))),
     )
     instances = draw(st.integers(1, 3))
     n = draw(st.integers(1, 120))
@@ -94,20 +92,10 @@ def test_rules_hold(case):
         due = r.arrival_ns[i] + delay
         if left[i] > due:
             assert all(covered(iv, due, left[i]) for iv in per_inst), i
-    absorb = policy.closing is Closing.ABSORB
-    # A batch sent before its oldest request's delay expired has a preferred size. (Under
-    # Triton's rule a waiting payload of the largest preferred size can take one more.)
-    if delay > 0 and absorb:
-        oldest = np.array([r.arrival_ns[np.flatnonzero(r.batch == b)[0]]
-                           for b in range(r.batch_size.size)], dtype=np.int64)
-        early = r.batch_start_ns - oldest < delay
-        assert set(r.batch_size[early].tolist()) <= set(policy.effective_preferred)
-    # Timeouts: the timed out waited exactly the timeout; under the absorb rule nobody is
-    # served after waiting past it (Triton runs a payload's requests whatever they waited).
+    # Timeouts: the timed out waited exactly the timeout (Triton runs a payload's requests
+    # whatever they waited, so a served one may have waited longer).
     if policy.default_timeout_microseconds:
         to = policy.default_timeout_microseconds * US
-        if absorb:
-            assert (r.start_ns[served] - r.arrival_ns[served] <= to).all()
         t_out = r.status == TIMED_OUT
         assert (r.end_ns[t_out] - r.arrival_ns[t_out] == to).all()
 
@@ -117,10 +105,9 @@ def test_rules_hold(case):
 def test_engine_agrees_with_independent_simpy_model(case):
     policy, c, arrivals, table, mult = case
     r = simulate_policy(arrivals, table, mult, policy, c)
-    model = simulate_simpy if policy.closing is Closing.ABSORB else simulate_simpy_triton
-    ref = model(arrivals, table, mult, set(policy.preferred_batch_size),
-                policy.max_batch_size, policy.max_queue_delay_microseconds * US, c,
-                policy.max_queue_size, policy.default_timeout_microseconds * US)
+    ref = simulate_simpy_triton(arrivals, table, mult, set(policy.preferred_batch_size),
+                                policy.max_batch_size, policy.max_queue_delay_microseconds * US,
+                                c, policy.max_queue_size, policy.default_timeout_microseconds * US)
     np.testing.assert_array_equal(r.status, ref["status"])
     np.testing.assert_array_equal(r.start_ns, ref["start_ns"])
     np.testing.assert_array_equal(r.end_ns, ref["end_ns"])
@@ -132,7 +119,7 @@ def test_batcher_first_agrees_with_the_simpy_model_too(case):
     """With batcher_first = 1 the woken thread looks before the freed instance takes the
     next payload at every completion: the same exact agreement."""
     policy, c, arrivals, table, mult = case
-    policy = replace(policy, closing=Closing.TRITON, batcher_first=1.0)
+    policy = replace(policy, batcher_first=1.0)
     r = simulate_policy(arrivals, table, mult, policy, c)
     ref = simulate_simpy_triton(arrivals, table, mult, set(policy.preferred_batch_size),
                                 policy.max_batch_size, policy.max_queue_delay_microseconds * US,
@@ -154,7 +141,6 @@ def quiet_cases(draw):
         max_batch_size=mbs,
         preferred_batch_size=draw(st.sampled_from([(), (mbs,)])),
         max_queue_delay_microseconds=draw(st.sampled_from([1, 7, 250, 1000, 3000])),
-        closing=Closing.TRITON,
     )
     n = draw(st.integers(1, 300))
     grid = draw(st.sampled_from([1, 50 * US]))
@@ -196,7 +182,6 @@ def run_in_parts(policy, c, arrivals, table, mult, parts, seed):
         more_room,
         new_records,
         new_state,
-        run_batcher,
     )
     from servelab.batching.triton_engine import run_batcher_triton
 
@@ -211,9 +196,7 @@ def run_in_parts(policy, c, arrivals, table, mult, parts, seed):
     for limit in [*parts, n]:
         buf[:limit] = arrivals[:limit]
         while True:
-            code = (run_batcher_triton(*args, records, state, limit, policy.batcher_first, seed)
-                    if policy.closing is Closing.TRITON else
-                    run_batcher(*args, records, state, limit))
+            code = run_batcher_triton(*args, records, state, limit, policy.batcher_first, seed)
             if code != MORE_ROOM:
                 break
             records = more_room(records, int(state[0][S_NB]))

@@ -43,6 +43,7 @@ def test_bad_state_is_a_400_with_the_scenario_message(client):
     r = client.post("/api/update", json={"state": state})
     assert r.status_code == 400
     assert r.json()["error"].startswith("[batching] max_batch_size = 0: expected")
+    assert r.json()["key"] == "batching.max_batch_size"  # the page marks it, no parsing
 
 
 def test_switching_model_kind_keeps_working(client):

@@ -67,7 +67,14 @@ def test_the_labs_sidebar_is_the_declared_controls():
     assert keys == [k for k, f in FIELDS.items() if f.control is not None]
     qps = next(c for g in groups for c in g["items"] if c["key"] == "workload.qps")
     assert qps == {"key": "workload.qps", "label": "QPS", "min": 100, "max": 50000,
-                   "step": 100}
+                   "step": 100, "flags": ["--qps"]}
+    # the LLM serving section's sliders are declared as the sidebar's are
+    serving = next(g["items"] for g in groups if g["group"] == "LLM serving")
+    rate = next(c for c in serving if c["key"] == "llm.request_rate")
+    assert rate["flags"] == ["--rate", "--request-rate"]
+    assert {c["key"] for c in serving} == {
+        "llm.request_rate", "llm.prompt_tokens", "llm.output_tokens", "llm.max_num_seqs",
+        "llm.max_num_batched_tokens"}
 
 
 @settings(max_examples=200, deadline=None)
@@ -104,3 +111,42 @@ def test_the_scenario_reference_names_every_field():
     text = (Path(__file__).resolve().parents[2] / "docs" / "scenario.md").read_text()
     missing = [k for k, f in FIELDS.items() if f"`{f.name}`" not in text and k not in text]
     assert missing == []
+
+
+def test_sweep_takes_every_numeric_field_by_its_flag_key_or_dotted_key():
+    """`servelab sweep`'s names follow from the declarations: a new numeric field of a v2
+    section is sweepable without a line elsewhere; each name runs the field it names."""
+    from servelab.api import load, run_sweep
+    from servelab.scenario import SWEEP_SECTIONS, sweep_names, sweep_params
+
+    params = sweep_params()
+    numeric = {k for k, f in FIELDS.items() if f.section in SWEEP_SECTIONS
+               and f.type.removesuffix(" | None") in ("int", "float")}
+    assert {key for key, _ in params.values()} == numeric
+    assert len(sweep_names()) == len(numeric)
+    for key in numeric:
+        assert params[key] == (key, FIELDS[key].type.startswith("int"))
+    # the flag's name, the TOML key and the dotted key are one parameter
+    assert (params["max_queue_delay_us"] == params["max_queue_delay_microseconds"]
+            == params["batching.max_queue_delay_microseconds"])
+    assert params["slo_ms"] == params["p99_slo_ms"] == ("latency.p99_slo_ms", False)
+    assert "cv" not in params  # two sections have it: only as workload.cv or model.cv
+    s = load("seed", {"workload.num_requests": 2000})
+    rows = run_sweep(s, "max_queue_delay_microseconds", [0, 4000])
+    assert [r["max_queue_delay_microseconds"] for r in rows] == [0, 4000]
+    assert rows[0]["mean_batch_size"] < rows[1]["mean_batch_size"]
+    with pytest.raises(InputError) as e:
+        run_sweep(s, "cv", [1.0])
+    assert "give it as workload.cv or model.cv" in str(e.value)
+
+
+def test_the_removed_absorb_rule_is_refused_with_its_fix():
+    """`closing = "absorb"` (removed in 0.2.0) is one clear line; "triton", which every
+    exported scenario holds, still loads."""
+    assert scenario_from_dict({"batching": {"closing": "triton"}}).batching.closing.value \
+        == "triton"
+    with pytest.raises(InputError) as e:
+        scenario_from_dict({"batching": {"closing": "absorb"}})
+    assert e.value.key == "batching.closing"
+    assert "removed in 0.2.0" in str(e.value)
+    assert "fix: remove the key" in str(e.value)

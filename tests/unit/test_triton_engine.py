@@ -1,4 +1,4 @@
-"""Triton's batch-closing rule (the default, closing = "triton"), case by case, with the
+"""Triton's batch-closing rule (closing = "triton", the only one), case by case, with the
 times worked out by hand from dynamic_batch_scheduler.cc (see triton_engine's docstring).
 
 Every case uses one instance, a 10 ms batch (so the instance stays busy), a 2 ms
@@ -10,7 +10,7 @@ import numpy as np
 
 from servelab.batching.engine import REJECTED, SERVED
 from servelab.batching.state import BatcherCore, Payload
-from servelab.scenario import BatchingPolicy, Closing
+from servelab.scenario import BatchingPolicy
 from tests.conftest import MS, run_ms
 
 
@@ -22,11 +22,10 @@ def sizes(r):  # type: ignore[no-untyped-def]
     return r.batch_size.tolist()
 
 
-def both(arrivals, exec_ms=10.0, **policy):  # type: ignore[no-untyped-def]
+def triton(arrivals, exec_ms=10.0, **policy):  # type: ignore[no-untyped-def]
     policy.setdefault("max_batch_size", 32)
     policy.setdefault("max_queue_delay_microseconds", 2000)
-    return (run_ms(arrivals, exec_ms, closing=Closing.TRITON, **policy),
-            run_ms(arrivals, exec_ms, closing=Closing.ABSORB, **policy))
+    return run_ms(arrivals, exec_ms, **policy)
 
 
 def test_a_batch_closes_at_its_delay_while_the_instance_is_busy():
@@ -37,10 +36,9 @@ def test_a_batch_closes_at_its_delay_while_the_instance_is_busy():
     # 6: next_preferred is 32 now, so this arrival does not wake the thread; at 12 ms the
     #   instance takes [3, 4] first, then the woken thread closes [6] (its delay expired
     #   at 8 ms), which waits for the next batch: 22 ms.
-    triton, absorb = both([0, 3, 4, 6])
-    assert starts_ms(triton) == [2.0, 12.0, 12.0, 22.0]
-    assert sizes(triton) == [1, 2, 1]
-    assert starts_ms(absorb) == [2.0, 12.0, 12.0, 12.0]  # absorb: 6 joins at 12 ms
+    r = triton([0, 3, 4, 6])
+    assert starts_ms(r) == [2.0, 12.0, 12.0, 22.0]  # 6 does not join [3, 4] at 12 ms
+    assert sizes(r) == [1, 2, 1]
 
 
 def test_an_arrival_just_after_closing_waits_one_batch():
@@ -48,12 +46,10 @@ def test_an_arrival_just_after_closing_waits_one_batch():
     # instance is busy. An arrival 1 ns after that close does not wake the thread
     # (next_preferred is 32) and is closed only when the instance takes [3] at 12 ms:
     # it starts a full batch later, at 22 ms.
-    triton, absorb = both([0, 3, 5 + 1e-6])
-    assert starts_ms(triton) == [2.0, 12.0, 22.0]
-    assert starts_ms(absorb) == [2.0, 12.0, 12.0]
+    assert starts_ms(triton([0, 3, 5 + 1e-6])) == [2.0, 12.0, 22.0]
     # One that arrives at the very instant of the close joins it (at one instant the
     # arrivals come before the batcher thread).
-    at_close, _ = both([0, 3, 5.0])
+    at_close = triton([0, 3, 5.0])
     assert starts_ms(at_close) == [2.0, 12.0, 12.0]
 
 
@@ -91,10 +87,10 @@ def test_a_preferred_size_reached_while_busy_closes_at_once():
     # next_preferred (4) at 7 ms, which wakes the thread: a full payload that closes at
     # once and waits for 13 ms. 8 ms is alone; it waits for its own delay (108 ms).
     arrivals = [0, 1, 2, 3, 4, 5, 6, 7, 8]
-    triton = run_ms(arrivals, 10.0, closing=Closing.TRITON, max_batch_size=4,
-                    max_queue_delay_microseconds=100_000)
-    assert sizes(triton) == [4, 4, 1]
-    assert starts_ms(triton) == [3.0] * 4 + [13.0] * 4 + [108.0]
+    r = run_ms(arrivals, 10.0, max_batch_size=4,
+           max_queue_delay_microseconds=100_000)
+    assert sizes(r) == [4, 4, 1]
+    assert starts_ms(r) == [3.0] * 4 + [13.0] * 4 + [108.0]
 
 
 def test_a_waiting_payload_of_the_largest_preferred_size_takes_one_more():
@@ -105,10 +101,10 @@ def test_a_waiting_payload_of_the_largest_preferred_size_takes_one_more():
     # it saturated and (best_preferred_batch_size is 0 at the scan's first request, so
     # the second sets it to 1) takes one more: [2, 3, 4]. 5 then waits for its own delay.
     arrivals = [0, 1, 2, 3, 4, 5]
-    triton = run_ms(arrivals, 10.0, closing=Closing.TRITON, max_batch_size=8,
-                    preferred_batch_size=(2,), max_queue_delay_microseconds=100_000)
-    assert sizes(triton) == [2, 3, 1]
-    assert starts_ms(triton) == [1.0, 1.0, 11.0, 11.0, 11.0, 105.0]
+    r = run_ms(arrivals, 10.0, max_batch_size=8,
+           preferred_batch_size=(2,), max_queue_delay_microseconds=100_000)
+    assert sizes(r) == [2, 3, 1]
+    assert starts_ms(r) == [1.0, 1.0, 11.0, 11.0, 11.0, 105.0]
 
 
 def test_with_a_queue_limit_nothing_waits_outside_the_queue():
@@ -117,7 +113,7 @@ def test_with_a_queue_limit_nothing_waits_outside_the_queue():
     # runs, 0.1 is queued (the limit is 1) and 0.2 to 0.5 are rejected. (Before core
     # 66c61d2 two payloads waited beside the queue: 0.1 and 0.2 in payloads, 0.3 queued.)
     arrivals = [0, 0.1, 0.2, 0.3, 0.4, 0.5]
-    r = run_ms(arrivals, 10.0, closing=Closing.TRITON, max_batch_size=1, max_queue_size=1)
+    r = run_ms(arrivals, 10.0, max_batch_size=1, max_queue_size=1)
     assert r.status.tolist() == [SERVED, SERVED] + [REJECTED] * 4
     assert starts_ms(r)[:2] == [0.0, 10.0]
 
@@ -174,8 +170,7 @@ def test_without_a_queue_policy_two_payloads_per_instance_wait():
     assert len(core.queue) == 5
 
 
-def test_low_load_matches_the_absorb_rule():
-    # With the instance idle whenever a batch forms, the two rules are the same.
+def test_at_low_load_each_batch_goes_at_its_oldest_requests_delay():
+    # With the instance idle whenever a batch forms, nothing waits for a busy instance.
     arrivals = [0, 0.5, 1, 20, 20.5, 40]
-    triton, absorb = both(arrivals, exec_ms=1.0)
-    assert starts_ms(triton) == starts_ms(absorb) == [2.0, 2.0, 2.0, 22.0, 22.0, 42.0]
+    assert starts_ms(triton(arrivals, exec_ms=1.0)) == [2.0, 2.0, 2.0, 22.0, 22.0, 42.0]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from servelab.batching.simulate import simulate_policy
 from servelab.errors import InputError
 from servelab.measure.replay import left_behind_share, replay
-from servelab.scenario import BatchingPolicy, Closing
+from servelab.scenario import BatchingPolicy
 from servelab.trace_file import read_trace
 
 
@@ -40,14 +40,13 @@ def write_trace(path: Path, queue: np.ndarray, start: np.ndarray, end: np.ndarra
 POLICY = BatchingPolicy(max_batch_size=8, max_queue_delay_microseconds=2000)
 
 
-def simulated_trace(tmp_path: Path, rule: Closing, batcher_first: float = 0.0
-                    ) -> tuple[Path, np.ndarray]:
+def simulated_trace(tmp_path: Path, batcher_first: float = 0.0) -> tuple[Path, np.ndarray]:
     rng = np.random.default_rng(1)
     arrivals = np.cumsum(rng.exponential(1e9 / 900, 3000)).astype(np.int64) + 10**12
     table = np.zeros(9)
     table[1:] = (2.0 + 0.3 * np.arange(1, 9)) * 1e6  # 2.3 ms .. 4.4 ms per batch
     rec = simulate_policy(arrivals, table, np.ones(1), BatchingPolicy(
-        **{**_fields(POLICY), "closing": rule, "batcher_first": batcher_first}), 1, seed=7)
+        **{**_fields(POLICY), "batcher_first": batcher_first}), 1, seed=7)
     return write_trace(tmp_path / "t.json", rec.arrival_ns, rec.start_ns, rec.end_ns), rec.start_ns
 
 
@@ -55,28 +54,22 @@ def _fields(p: BatchingPolicy) -> dict[str, object]:
     return {k: getattr(p, k) for k in p.__dataclass_fields__}
 
 
-@pytest.mark.parametrize("rule", [Closing.TRITON, Closing.ABSORB])
-def test_a_trace_the_engine_made_replays_exactly_under_its_own_rule(tmp_path, rule):
-    path, _ = simulated_trace(tmp_path, rule)
+def test_a_trace_the_engine_made_replays_exactly_under_its_rule(tmp_path):
+    path, _ = simulated_trace(tmp_path)
     report = replay(read_trace([path]), POLICY, 1)
     assert report["requests"] == 3000
     assert report["skipped"] == 0
-    own, other = report["rules"][rule.value], report["rules"][
-        (Closing.ABSORB if rule is Closing.TRITON else Closing.TRITON).value]
-    if rule is Closing.TRITON:  # the instance won every race: nothing to fit
-        assert report["batcher_first"] == 0.0
+    assert report["batcher_first"] == 0.0  # the instance won every race: nothing to fit
+    own = report["rules"]["triton"]
     for key, value in report["measured"].items():
         assert own[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
-    # the other rule batches these arrivals differently, and says so
-    assert abs(other["error"]["queue_mean_ms"]) > 0.05
-    # only Triton's rule starts a batch while an older request waits for a later one
-    assert report["rules"]["absorb"]["left_behind_share"] == 0.0
-    assert report["rules"]["triton"]["left_behind_share"] > 0.2
+    # Triton's rule starts a batch while an older request waits for a later one
+    assert own["left_behind_share"] > 0.2
     assert report["exec_ms_by_size"][1] == pytest.approx(2.3)
 
 
 def test_the_share_of_races_the_batcher_won_is_recovered_from_the_trace(tmp_path):
-    path, _ = simulated_trace(tmp_path, Closing.TRITON, batcher_first=0.4)
+    path, _ = simulated_trace(tmp_path, batcher_first=0.4)
     report = replay(read_trace([path]), POLICY, 1)
     assert report["batcher_first"] == pytest.approx(0.4, abs=0.1)
     fitted = report["rules"]["triton, fitted race"]["error"]
@@ -92,7 +85,7 @@ def test_the_trace_becomes_a_scenario_the_other_commands_take(tmp_path):
     from servelab.cli import app
     from servelab.scenario import Variability, load_scenario
 
-    path, _ = simulated_trace(tmp_path, Closing.TRITON, batcher_first=0.4)
+    path, _ = simulated_trace(tmp_path, batcher_first=0.4)
     out = tmp_path / "fitted.toml"
     res = CliRunner().invoke(app, ["replay-trace", str(path), "--max-batch-size", "8",
                                    "--max-queue-delay-us", "2000", "--scenario-out", str(out),

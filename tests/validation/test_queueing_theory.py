@@ -161,26 +161,23 @@ def served_wait_s(sim) -> float:
     return float((r.start_ns - r.arrival_ns)[WARMUP:][ok].mean() / 1e9)
 
 
-@pytest.mark.parametrize("closing", ["triton", "absorb"])
-def test_mm1k_with_a_queue_limit(closing):
+def test_mm1k_with_a_queue_limit():
     """max_queue_size q, one instance, one row a batch: with a queue policy Triton 2.51
     forms no payload ahead of a free instance (triton_engine, rule 1), so at most q wait
-    and one runs: M/M/1/K with K = q + 1 (with prefetching it was K = q + 3). The absorb
-    rule never forms one early: the same K."""
+    and one runs: M/M/1/K with K = q + 1 (with prefetching it was K = q + 3)."""
     lam, mu, q = 900.0, 1000.0, 4
     k, rho = q + 1, lam / mu
     p_block = (1 - rho) * rho**k / (1 - rho ** (k + 1))
     in_system = rho / (1 - rho) - (k + 1) * rho ** (k + 1) / (1 - rho ** (k + 1))
     wait = in_system / (lam * (1 - p_block)) - 1 / mu  # Little's law on the accepted
     s = scenario(lam, {"kind": "constant", "latency_ms": 1.0, "variability": "exponential"},
-                 max_queue_size=q, closing=closing)
+                 max_queue_size=q)
     (pb, pb_half), (w, w_half) = replicate_each(s, [share(REJECTED), served_wait_s])
     check(p_block, pb, pb_half)
     check(wait, w, w_half)
 
 
-@pytest.mark.parametrize("closing", ["triton", "absorb"])
-def test_mm1_with_a_deterministic_timeout(closing):
+def test_mm1_with_a_deterministic_timeout():
     """default_timeout D, one instance, one row a batch: M/M/1+D. A request leaves at its
     deadline if still queued; FCFS with exponential service, it is served iff the work
     ahead of it at arrival V is under D, and waits V. V's stationary law (Baccelli,
@@ -193,7 +190,7 @@ def test_mm1_with_a_deterministic_timeout(closing):
     below = p0 * lam * (1 / th**2 - math.exp(-th * d) * (d / th + 1 / th**2))  # E[V; V<D]
     wait = below / (1 - p_timeout)
     s = scenario(lam, {"kind": "constant", "latency_ms": 1.0, "variability": "exponential"},
-                 default_timeout_microseconds=int(d * 1e6), closing=closing)
+                 default_timeout_microseconds=int(d * 1e6))
     (pt, pt_half), (w, w_half) = replicate_each(s, [share(TIMED_OUT), served_wait_s])
     check(p_timeout, pt, pt_half)
     check(wait, w, w_half)

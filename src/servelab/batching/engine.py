@@ -1,28 +1,9 @@
-"""Triton's dynamic batcher as a discrete-event simulation, compiled with Numba.
+"""The parts the batching engine (``triton_engine``) and its callers share: request and
+batch records, a run's state between calls, the instance heaps, and the start of a
+batch, compiled with Numba where the engine calls them.
 
-The rules follow Triton's ``DynamicBatchScheduler::GetDynamicBatch`` (core,
-``src/dynamic_batch_scheduler.cc``) for requests of one row each:
-
-* one FIFO queue shared by every instance of the model;
-* ``max_queue_size`` (0 = unbounded) rejects a request at enqueue;
-* whenever an instance is idle and the queue is not empty, the batcher looks
-  at the pending batch, the oldest ``min(queued, max_batch_size)`` requests:
-
-  1. if some preferred size fits in it and the oldest request has waited less
-     than ``max_queue_delay``, send exactly the largest such size;
-  2. else, if the delay has expired (or is 0), send the whole pending batch;
-  3. else wait until the oldest request's delay expires (or a request times
-     out, or a request arrives, or an instance frees up).
-
-  With no preferred sizes Triton uses ``[max_batch_size]``, so a pending batch
-  that reaches ``max_batch_size`` goes at once. While every instance is busy
-  the batch keeps absorbing arrivals; an instance that frees up takes the
-  pending batch as the rules stand at that moment.
-* ``default_timeout_microseconds`` (0 = none) removes a request still queued
-  at ``arrival + timeout`` (a request dispatched at that instant is served).
-
-Time is integer nanoseconds, so ties are exact. At one instant the loop
-handles, in order: instances finishing, arrivals, dispatch, timeouts.
+Time is integer nanoseconds, so ties are exact. A request's status is SERVED,
+REJECTED (``max_queue_size``, at enqueue) or TIMED_OUT (``default_timeout_microseconds``).
 """
 
 from __future__ import annotations
@@ -32,23 +13,6 @@ from numba import njit
 
 SERVED, REJECTED, TIMED_OUT = 0, 1, 2
 _NEVER = np.int64(1) << np.int64(62)
-
-
-@njit(cache=True, nogil=True)
-def _pending_batch_size(qlen: int, age_ns: int, pref_floor: np.ndarray, max_batch_size: int,
-                        delay_ns: int) -> int:
-    """How many of the queued requests to send now (0: keep waiting).
-
-    ``pref_floor[k]`` is the largest preferred size <= k (0: none), so the rule
-    costs O(1) whatever max_batch_size is.
-    """
-    avail = min(qlen, max_batch_size)
-    exceeded = delay_ns > 0 and age_ns >= delay_ns
-    if not exceeded and pref_floor[avail] > 0:
-        return int(pref_floor[avail])
-    if exceeded or delay_ns == 0:
-        return avail
-    return 0
 
 
 @njit(cache=True, nogil=True)
@@ -202,111 +166,3 @@ def new_state(num_instances: int) -> tuple[np.ndarray, ...]:
     ring = 2 * num_instances + 1
     return (scalars, np.zeros(num_instances, np.int64), np.zeros(num_instances, np.int64),
             idle, idle.copy(), np.zeros(ring, np.int64), np.zeros(ring, np.int64))
-
-
-@njit(cache=True, nogil=True)  # nogil: the lab runs simulations on threads
-def run_batcher(
-    arrival_ns: np.ndarray,
-    exec_ns: np.ndarray,
-    multiplier: np.ndarray,
-    preferred: np.ndarray,
-    max_batch_size: int,
-    delay_ns: int,
-    num_instances: int,
-    max_queue_size: int,
-    timeout_ns: int,
-    records: tuple[np.ndarray, ...],
-    state: tuple[np.ndarray, ...],
-    limit: int,
-) -> int:
-    """Run the batcher over sorted arrivals, as far as the first `limit` of them allow.
-
-    ``exec_ns[b]`` is the mean execution time of a batch of b rows; the k-th
-    batch dispatched takes ``exec_ns[b] * multiplier[k]`` (at least 1 ns).
-    ``preferred[b]`` is True for each preferred batch size. ``records`` is
-    ``new_records(n, batch_cap)``, filled in here: per request its status and batch
-    (-1 unless served), per batch its size, start_ns, end_ns and instance. A request's
-    start and end are its batch's (see ``simulate.Records``). Request ids (int32) must
-    be below 2**31.
-
-    ``state`` is ``new_state(num_instances)`` before the first call, and carries the run
-    from one call to the next. A call returns DONE when the run is over; MORE_ARRIVALS
-    before the first instant at or after arrival ``limit - 1`` (arrivals past `limit`
-    may not be drawn yet: the caller calls again with more); MORE_ROOM when the records
-    may not hold the next instant's batches (call again with ``more_room(records)``).
-    The number of batches is ``state[0][S_NB]``.
-
-    Instances are kept in two heaps, busy ones by (free time, index) and idle
-    ones by index, so a step costs O(log instances): a free instance with the
-    lowest index takes the next batch.
-    """
-    n = arrival_ns.size
-    pref_floor = np.zeros(max_batch_size + 1, np.int64)
-    for k in range(1, max_batch_size + 1):
-        pref_floor[k] = k if preferred[k] else pref_floor[k - 1]
-    status, batch_of, b_size, b_start, b_end, b_inst, queue = records
-    batch_cap = b_size.size
-    st, busy_t, busy_i, idle_k, idle_i, _, _ = state
-    n_busy, n_idle = st[S_N_BUSY], st[S_N_IDLE]
-    head, tail, nxt, nb = st[S_HEAD], st[S_TAIL], st[S_NXT], st[S_NB]
-    horizon = _NEVER if limit >= n else arrival_ns[limit - 1]
-
-    while True:
-        if batch_cap - nb < num_instances:  # room for as many batches as instances
-            code = MORE_ROOM
-            break
-        # The next instant anything happens.
-        t = _NEVER
-        if nxt < n:
-            t = arrival_ns[nxt]
-        if n_busy > 0:
-            t = min(t, busy_t[0])
-        if tail > head:
-            oldest = arrival_ns[queue[head]]
-            if n_idle > 0 and delay_ns > 0:
-                t = min(t, oldest + delay_ns)
-            if timeout_ns > 0:
-                t = min(t, oldest + timeout_ns)
-        if t >= horizon:
-            code = DONE if t == _NEVER else MORE_ARRIVALS
-            break
-
-        while n_busy > 0 and busy_t[0] <= t:  # instances finishing now become idle
-            k = heap_pop(busy_t, busy_i, n_busy)
-            n_busy -= 1
-            heap_push(idle_k, idle_i, n_idle, k, k)
-            n_idle += 1
-
-        while nxt < n and arrival_ns[nxt] <= t:
-            if max_queue_size > 0 and tail - head >= max_queue_size:
-                status[nxt] = REJECTED
-                batch_of[nxt] = -1
-            else:
-                queue[tail] = nxt
-                tail += 1
-            nxt += 1
-
-        while tail > head and n_idle > 0:
-            size = _pending_batch_size(
-                tail - head, t - arrival_ns[queue[head]], pref_floor, max_batch_size, delay_ns
-            )
-            if size == 0:
-                break
-            inst = heap_pop(idle_k, idle_i, n_idle)  # the idle instance, lowest index
-            n_idle -= 1
-            done = start_batch(t, queue, head, size, nb, inst, exec_ns, multiplier, status,
-                               batch_of, b_size, b_start, b_end, b_inst)
-            head += size
-            heap_push(busy_t, busy_i, n_busy, done, inst)
-            n_busy += 1
-            nb += 1
-
-        if timeout_ns > 0:
-            while tail > head and arrival_ns[queue[head]] + timeout_ns <= t:
-                status[queue[head]] = TIMED_OUT
-                batch_of[queue[head]] = -1
-                head += 1
-
-    st[S_N_BUSY], st[S_N_IDLE] = n_busy, n_idle
-    st[S_HEAD], st[S_TAIL], st[S_NXT], st[S_NB] = head, tail, nxt, nb
-    return code

@@ -22,7 +22,6 @@ from servelab.batching.engine import (
     more_room,
     new_records,
     new_state,
-    run_batcher,
 )
 from servelab.batching.service import (
     ServiceModel,
@@ -32,7 +31,7 @@ from servelab.batching.service import (
 )
 from servelab.batching.triton_engine import run_batcher_triton
 from servelab.errors import InputError
-from servelab.scenario import BatchingPolicy, Closing, Latency, Scenario, Variability
+from servelab.scenario import BatchingPolicy, Latency, Scenario, Variability
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -191,17 +190,15 @@ def simulate_policy(
                 policy.max_batch_size, policy.max_queue_delay_microseconds * 1000,
                 num_instances, policy.max_queue_size,
                 policy.default_timeout_microseconds * 1000)
-        triton = policy.closing is Closing.TRITON
         for i, limit in enumerate(parts):
             if pipelined:
                 ready[i].wait()
                 if failed.is_set():
                     drawing.result()  # raises the draw's error
             while True:
-                code = (run_batcher_triton(*args, records, state, limit,
-                                           float(policy.batcher_first), seed % 2**32,
-                                           float(policy.lost_wakeup))
-                        if triton else run_batcher(*args, records, state, limit))
+                code = run_batcher_triton(*args, records, state, limit,
+                                          float(policy.batcher_first), seed % 2**32,
+                                          float(policy.lost_wakeup))
                 if code != MORE_ROOM:
                     break
                 records = more_room(records, int(state[0][S_NB]))

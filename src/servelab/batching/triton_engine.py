@@ -1,10 +1,9 @@
 """Triton's dynamic batcher with its batcher thread and payload queue, compiled with Numba.
 
-``engine.run_batcher`` forms a batch only when an instance is idle, so a batch
-keeps absorbing arrivals while every instance is busy ("absorb until start").
-Triton does not work that way. Its one batcher thread per model builds
-*payloads* and hands them to the rate limiter even while every instance is
-busy; an instance takes the oldest waiting payload when it frees up. This
+Triton's one batcher thread per model builds *payloads* and hands them to the
+rate limiter even while every instance is busy; an instance takes the oldest
+waiting payload when it frees up (a batch does not keep taking arrivals until an
+instance starts it: a real Triton's queue said so, docs/load-and-validate.md). This
 module models that thread, rule by rule, from triton-inference-server/core
 (``src/dynamic_batch_scheduler.cc`` at commit 01ea7d9, ``src/rate_limiter.cc``),
 for requests of one row each, no shape checks, no custom batching and one
@@ -346,7 +345,22 @@ def run_batcher_triton(
     lost_wakeup: float = 0.0,
 ) -> int:
     """Run Triton's batcher thread over sorted arrivals, as far as the first `limit` of
-    them allow; the same inputs, outputs and calls as ``engine.run_batcher`` (see there).
+    them allow.
+
+    ``exec_ns[b]`` is the mean execution time of a batch of b rows; the k-th batch
+    dispatched takes ``exec_ns[b] * multiplier[k]`` (at least 1 ns). ``preferred[b]`` is
+    True for each preferred batch size. ``records`` is ``engine.new_records(n,
+    batch_cap)``, filled in here: per request its status and batch (-1 unless served),
+    per batch its size, start_ns, end_ns and instance. A request's start and end are its
+    batch's (see ``simulate.Records``). Request ids (int32) must be below 2**31.
+
+    ``state`` is ``engine.new_state(num_instances)`` before the first call, and carries
+    the run from one call to the next. A call returns DONE when the run is over;
+    MORE_ARRIVALS before the first instant at or after arrival ``limit - 1`` (arrivals
+    past `limit` may not be drawn yet: the caller calls again with more); MORE_ROOM when
+    the records may not hold the next instant's batches (call again with
+    ``engine.more_room(records)``). The number of batches is ``state[0][S_NB]``.
+
     ``batcher_first`` is the share of completions at which the woken batcher thread
     looks before the freed instance takes the next waiting payload (drawn from `seed`
     by Numba's generator, whose state is the calling thread's: make every call of one

@@ -353,7 +353,7 @@ def create_app(config: LabConfig | None = None) -> FastAPI:
 
     @app.exception_handler(ServelabError)
     async def usererror_response(_: Request, exc: ServelabError) -> Response:
-        return error_response(str(exc), 400)
+        return error_response(str(exc), 400, key=getattr(exc, "key", None))
 
     @app.exception_handler(background.BusyError)
     async def busy_response(_: Request, exc: background.BusyError) -> Response:

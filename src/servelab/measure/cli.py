@@ -331,8 +331,9 @@ def replay_trace(
                        ] = False,
 ) -> None:
     """Replay a real Triton's trace through the simulator's batcher: the trace's own
-    queue-entry times and measured execution times, each batch-closing rule beside what
-    Triton did (mean batch, queue, batches that left older requests behind)."""
+    queue-entry times and measured execution times, Triton's rule (as the source orders a
+    completion, and with the race fitted) beside what Triton did (mean batch, queue,
+    batches that left older requests behind)."""
     from servelab.files import check_writable_target
     from servelab.measure.replay import replay, trace_scenario
     from servelab.scenario import scenario_from_dict, scenario_to_toml

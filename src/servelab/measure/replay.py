@@ -6,15 +6,16 @@ Triton trace (``--trace-config level=TIMESTAMPS`` with ``triton,file=PATH``) tak
 the first two out: it records, per request, when it entered the scheduler's queue
 (``QUEUE_START``) and when its batch ran (``COMPUTE_START``, ``COMPUTE_END``). The
 replay gives the simulator those very queue-entry times and, per batch size, the
-mean execution time Triton measured, and compares what each batch-closing rule
-makes of them with what Triton did:
+mean execution time Triton measured, and compares what Triton's batching rule
+makes of them (as the source orders a completion, and with the completion race
+fitted) with what Triton did:
 
 - mean batch, and the queue (``COMPUTE_START - QUEUE_START``, Triton's own "queue"
   statistic) at the mean, p50, p90 and p99;
 - the share of batches that started while an older request they had room for was
   still waiting (it went to a later batch): the signature of Triton's rule, which
-  closes a payload at its delay while the instance is busy (0 under "absorb until
-  start", where a batch takes every waiting request it has room for).
+  closes a payload at its delay while the instance is busy (a rule where a batch takes
+  every waiting request it has room for would give 0).
 
 Execution times are the mean of the batches of each size (what differs is then the
 rule, not the draws), and in one more row the measured per-batch spread resampled
@@ -35,7 +36,7 @@ from servelab.batching.service import draw_multipliers
 from servelab.batching.simulate import simulate_policy
 from servelab.errors import InputError
 from servelab.measure.gaps import batch_gaps, gap_note
-from servelab.scenario import MAX_SAMPLES, BatchingPolicy, Closing, Variability
+from servelab.scenario import MAX_SAMPLES, BatchingPolicy, Variability
 from servelab.trace_file import TraceRequests
 
 
@@ -129,7 +130,7 @@ def fit_batcher_first(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarr
     """The share of completion races the batcher must win for the Triton rule's mean
     queue to equal the measured one (more races won: less queue), by bisection."""
     def queue_at(share: float) -> float:
-        return _rule_on(tr, replace(policy, closing=Closing.TRITON, batcher_first=share),
+        return _rule_on(tr, replace(policy, batcher_first=share),
                         table, instances, FIT_SEEDS)["queue_mean_ms"]
 
     if queue_at(0.0) <= queue_ms:
@@ -147,22 +148,20 @@ def fit_batcher_first(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarr
 
 
 def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[str, Any]:
-    """The measured batching beside each closing rule's, on the trace's arrivals: the
-    Triton rule as the source orders a completion (the instance takes the next payload
-    first), with the share of races the batcher wins fitted to the measured mean queue,
-    and "absorb until start"."""
+    """The measured batching beside the Triton rule's, on the trace's arrivals: as the
+    source orders a completion (the instance takes the next payload first), and with the
+    share of races the batcher wins fitted to the measured mean queue."""
     mbs = policy.max_batch_size
     mb = measured_batches(tr, mbs)
     table, spread = mb.table_ns, mb.spread
     measured = summarize(tr.queue_ns, tr.start_ns, tr.end_ns, mbs)
     share = fit_batcher_first(tr, policy, table, instances, measured["queue_mean_ms"])
-    fitted = replace(policy, closing=Closing.TRITON, batcher_first=share)
+    fitted = replace(policy, batcher_first=share)
     rules: dict[str, Any] = {}
     for name, pol, seeds, sp in (
-            ("triton", replace(policy, closing=Closing.TRITON, batcher_first=0.0), 1, None),
+            ("triton", replace(policy, batcher_first=0.0), 1, None),
             ("triton, fitted race", fitted, FIT_SEEDS, None),
-            ("triton, fitted race, measured spread", fitted, FIT_SEEDS, spread),
-            ("absorb", replace(policy, closing=Closing.ABSORB), 1, None)):
+            ("triton, fitted race, measured spread", fitted, FIT_SEEDS, spread)):
         got: dict[str, Any] = dict(_rule_on(tr, pol, table, instances, seeds, sp))
         got["error"] = {k: (got[k] - m) / m if m else None
                         for k, m in measured.items() if k != "batches"}

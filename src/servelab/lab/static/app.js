@@ -5,6 +5,7 @@
 // The sidebar's controls come from the scenario's field declarations (/api/meta
 // "controls": group, key, label, range or options); the model group starts with the presets.
 const MODEL_GROUP = "Model (GPU time per batch)";
+const SERVING_GROUP = "LLM serving";  // the LLM section's sliders, not the sidebar's
 
 const PRESETS = {
   "seed: BERT-base-class encoder (roofline)": null, // the seed's own values
@@ -52,6 +53,7 @@ function bytes(v) {
 function buildControls() {
   const root = $("#controls");
   for (const grp of META.controls) {
+    if (grp.group === SERVING_GROUP) { buildLlmSliders(grp.items); continue; }
     const fs = document.createElement("fieldset");
     fs.innerHTML = `<legend>${grp.group}</legend>`;
     const items = grp.group === MODEL_GROUP ? [{ key: "preset", label: "Preset", preset: true }, ...grp.items] : grp.items;
@@ -209,7 +211,7 @@ function schedule(charts = true) {
 async function post(url, body) {
   const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
   const data = await r.json();
-  if (!r.ok) throw new Error(data.error || data.detail || r.statusText);
+  if (!r.ok) throw Object.assign(new Error(data.error || data.detail || r.statusText), { key: data.key });
   return data;
 }
 
@@ -671,6 +673,7 @@ function download(name, text) {
 async function init() {
   META = await (await fetch("/api/meta")).json();
   buildControls();
+  llmFlags();
   state = readUrl();
   applySectionUrl("paging");  // before the first update, which starts the replay
   showControls();
@@ -812,9 +815,24 @@ async function driftInit() {
 // dirty: null (nothing waiting), "preview" or "full" (a full run wins over a preview)
 const LLM = { inFlight: false, dirty: null, fitted: null, measured: null, fitKey: null, last: null,
   sweep: null, runs: 0 };
-const LLM_SLIDERS = { rate: "llm.request_rate", prompt_tokens: "llm.prompt_tokens", output_tokens: "llm.output_tokens",
-  max_num_seqs: "llm.max_num_seqs", max_num_batched_tokens: "llm.max_num_batched_tokens" };
-const SERVING_KEYS = new Set(Object.values(LLM_SLIDERS));
+// The section's sliders, from the declarations (/api/meta "controls", group "LLM serving"):
+// the element id's suffix (the [llm] key) -> the state key.
+const LLM_SLIDERS = {};
+const SERVING_KEYS = new Set();
+
+function buildLlmSliders(items) {
+  const before = $("#llm-controls").firstElementChild;  // the validation button's span
+  for (const c of items) {
+    const id = c.key.replace(/^llm\./, "");
+    LLM_SLIDERS[id] = c.key;
+    SERVING_KEYS.add(c.key);
+    const attrs = `min="${c.min}" max="${c.max}" step="${c.step}"`;
+    const label = document.createElement("label");
+    label.innerHTML = `${c.label} <span><input id="llm-${id}" data-key="${c.key}" type="range" ${attrs}>` +
+      `<input id="llm-${id}-n" type="number" ${attrs} aria-label="${id} value"></span>`;
+    $("#llm-controls").insertBefore(label, before);
+  }
+}
 
 function llmQuery() {
   const q = { state: { ...state } };
@@ -891,20 +909,27 @@ function setSlider(id, value) {  // a section slider and its state key, within i
 // The simulator's messages name CLI flags or [llm] keys; the section says them in the
 // page's words, marks the control they are about (here or in the sidebar's LLM pool),
 // and clears both once a run succeeds.
-const LLM_FLAGS = [  // [flag or key, the control's selector, the page's words]
-  ["--tp", "#c-llm-tp", "Tensor parallel"], ["[llm] tp", "#c-llm-tp", "Tensor parallel"],
-  ["[llm] num_gpus", "#c-llm-num-gpus", "GPUs"], ["--replicas", "#c-llm-num-gpus", "Replicas (GPUs / tensor parallel)"],
-  ["--request-rate", "#llm-rate", "Requests/s"], ["--rate", "#llm-rate", "Requests/s"],
-  ["[llm] request_rate", "#llm-rate", "Requests/s"],
-  ["[llm] prompt_tokens", "#llm-prompt_tokens", "Prompt tokens"], ["[llm] output_tokens", "#llm-output_tokens", "Output tokens"],
-  ["--max-num-seqs", "#llm-max_num_seqs", "max_num_seqs"], ["[llm] max_num_seqs", "#llm-max_num_seqs", "max_num_seqs"],
-  ["--max-num-batched-tokens", "#llm-max_num_batched_tokens", "max_num_batched_tokens"],
-  ["[llm] max_num_batched_tokens", "#llm-max_num_batched_tokens", "max_num_batched_tokens"],
-  ["--kv-dtype", "#c-llm-kv-dtype", "KV dtype"], ["[llm] kv_dtype", "#c-llm-kv-dtype", "KV dtype"],
-  ["--model", "#c-llm-model", "Model"], ["[llm] model", "#c-llm-model", "Model"], ["--gpu", "#c-hardware-gpu", "GPU"],
-  ["--gpu-memory-utilization", "#c-llm-gpu-memory-utilization", "gpu_memory_utilization"],
-  ["[llm] context_tokens", "#c-llm-context-tokens", "Context (tokens)"],
+// [flag or key, the control's selector, the page's words]: each [llm] control's flags and
+// TOML key, from the declarations (/api/meta "controls"), and a few the simulator says
+// of the pool as a whole.
+const LLM_CONTROL_OF = {};  // an [llm] key -> its control's selector
+const LLM_FLAGS = [
+  ["--replicas", "#c-llm-num-gpus", "Replicas (GPUs / tensor parallel)"], ["--gpu", "#c-hardware-gpu", "GPU"],
 ];
+
+function llmFlags() {  // once META is read
+  for (const grp of META.controls) {
+    for (const c of grp.items) {
+      if (!c.key.startsWith("llm.")) continue;
+      const name = c.key.slice(4);
+      const sel = grp.group === SERVING_GROUP ? `#llm-${name}` : `#${idOf(c.key)}`;
+      LLM_CONTROL_OF[c.key] = sel;
+      const words = c.label.replace(/ \(.*\)$/, "");  // "Tensor parallel (0: all GPUs)"
+      const flags = (c.flags || []).filter((f) => f.startsWith("--"));  // not -tp: in --tp
+      for (const flag of [...flags, `[llm] ${name}`]) LLM_FLAGS.push([flag, sel, words]);
+    }
+  }
+}
 const escapeRe = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
 function llmMarked() {
@@ -915,9 +940,11 @@ function llmUnmark() {
   for (const el of llmMarked()) { el.removeAttribute("aria-invalid"); delete el.dataset.llmInvalid; }
 }
 
-function llmError(message) {
+// `key`: the scenario key the server's error carries, when it knows one (the control is
+// then that key's); else the first flag or [llm] key the message names.
+function llmError(message, key) {
   let text = message;
-  let field = null;
+  let field = key && key in LLM_CONTROL_OF ? LLM_CONTROL_OF[key] : null;
   for (const [flag, sel, words] of LLM_FLAGS) {
     const re = new RegExp(`${escapeRe(flag)}(?![\\w-])`, "g");
     if (re.test(text)) {
@@ -989,7 +1016,7 @@ async function llmRefresh(preview = false) {
     if (document.body.dataset.ready === "1") writeUrl();
   } catch (err) {
     $("#llm-status").textContent = "";
-    llmError(err.message);
+    llmError(err.message, err.key);
   } finally {
     LLM.inFlight = false;
     if (LLM.dirty) llmRefresh(LLM.dirty === "preview");
@@ -1032,7 +1059,7 @@ async function llmSweep(run, query) {
   } catch (err) {
     if (run !== LLM.runs) return;
     $("#llm-sweep-status").textContent = "";
-    llmError(err.message);
+    llmError(err.message, err.key);
   }
 }
 
@@ -1052,7 +1079,7 @@ function llmInit() {
       setSlider("max_num_seqs", v.slots); setSlider("max_num_batched_tokens", v.batched);
       setSlider("prompt_tokens", v.prompt); setSlider("output_tokens", v.output);
       const mid = v.rate[Math.floor(v.rate.length / 2)];
-      if (mid) setSlider("rate", mid);
+      if (mid) setSlider("request_rate", mid);
       LLM.fitKey = JSON.stringify(deploymentKey(state));
       $("#out-llm-validation").textContent = ` fitted: ${v.label}; ${v.errors}`;
       $("#btn-llm-validation-remove").hidden = false;
