@@ -33,6 +33,28 @@ def run_ms(arrivals_ms: list[float], exec_ms: float | list[float], *, instances:
 
 
 
+def load_step(**over: object):  # type: ignore[no-untyped-def]
+    """A `load` step with plain figures, `over` changing some (a test's own row)."""
+    from servelab.measure.load import LoadStep
+
+    base: dict[str, object] = {
+        "offered_per_s": 100.0, "concurrency": None, "requests": 1000, "ok": 1000,
+        "errors": 0, "achieved_per_s": 100.0, "mean_ms": 5.5, "p50_ms": 5.0, "p90_ms": 7.0,
+        "p95_ms": 8.0, "p99_ms": 9.0, "behind_p99_ms": 0.0, "p50_growth": 1.0,
+        "errors_by_reason": {}, "behind_requests": 0, "cpu": {}, "server": {}}
+    return LoadStep(**{**base, **over})  # type: ignore[arg-type]
+
+
+def rate_check(rate: float = 100.0, *, probe_drift: float = 1.0, **measured: object
+               ):  # type: ignore[no-untyped-def]
+    """One `validate` rate with `measured` as its load step and nothing predicted: what
+    notes_for reads."""
+    from servelab.measure.validate import Prediction, RateCheck
+
+    return RateCheck(rate, 1000, load_step(**measured), Prediction(0, 0, 0, 0, 0, 0, 0, 0, 0),
+                     {}, None, None, probe_drift)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     """In CI (CI=true) a skipped test is a failure: a missing service must be installed.

@@ -112,10 +112,11 @@ def test_cpu_use_reads_the_hypervisors_steal_apart_from_busy():
 
 def test_steal_is_noted_in_words():
     from servelab.measure.validate import Profile, notes_for
+    from tests.conftest import rate_check
 
-    row = {"rate_per_s": 250.0, "measured": {"host_cpu_steal": 0.12}}
+    row = rate_check(250.0, cpu={"host_cpu_steal": 0.12})
     notes = notes_for([row], Profile(host_cpu_steal=0.08))
     assert any("250/s the hypervisor gave 12%" in n for n in notes)
     assert any("while profiling, the hypervisor gave 8%" in n for n in notes)
     assert not any("hypervisor" in n for n in notes_for(
-        [{"rate_per_s": 1.0, "measured": {"host_cpu_steal": 0.01}}], Profile()))
+        [rate_check(1.0, cpu={"host_cpu_steal": 0.01})], Profile()))

@@ -13,6 +13,7 @@ from servelab.measure.validate import (
     notes_for,
     outside_samples,
 )
+from tests.conftest import load_step
 
 
 def test_outside_time_pairs_each_request_with_its_own_time_inside():
@@ -53,8 +54,9 @@ def test_drift_scale_is_the_probe_now_over_the_profiles():
 
 
 def test_a_large_drift_is_noted_in_words():
-    row = {"rate_per_s": 100.0, "probe_drift": 3.0, "measured": {}}
-    [note] = [n for n in notes_for([row]) if "100/s" in n]
+    from tests.conftest import rate_check
+
+    [note] = [n for n in notes_for([rate_check(100.0, probe_drift=3.0)]) if "100/s" in n]
     assert "+200%" in note
     assert "quieter machine" in note
 
@@ -70,8 +72,8 @@ def _diagnosis_inputs():
     prof = Profile(rows_ms={1: 2.0, 2: 2.5, 4: 3.5, 8: 5.5}, per_request_ms=0.1,
                    outside_ms=np.full(200, 0.5))
     offsets = np.cumsum(np.random.default_rng(1).exponential(1 / 300, 3000))
-    measured = {"mean_batch": 2.0, "p50_ms": 5.0, "p90_ms": 7.0, "p99_ms": 9.0,
-                "mean_ms": 5.5, "achieved_per_s": 300.0, "server_compute_ms": 3.0}
+    measured = load_step(achieved_per_s=300.0,
+                         server={"mean_batch": 2.0, "server_compute_ms": 3.0})
     return t, sp, prof, offsets, measured
 
 
@@ -87,17 +89,17 @@ def test_the_diagnosis_takes_each_batch_size_the_run_measured():
     )
 
     t, sp, prof, offsets, measured = _diagnosis_inputs()
-    plain = predict(fit_scenario(t, sp, prof), offsets, 0)
+    plain = predict(fit_scenario(t, sp, prof), offsets, 0).to_dict()
     n = MIN_RUN_BATCHES
     # batches of k one-row requests take rows(k) + k x per_request in the model
     as_profiled = {1: (n, int(2.1e6 * n)), 2: (n, int(2.7e6 * n))}
-    same = given_measured_compute(t, sp, prof, as_profiled, offsets, 0, measured)
+    same = given_measured_compute(t, sp, prof, as_profiled, offsets, 0, measured).to_dict()
     assert same["profile_scale"] == pytest.approx(1.0, rel=1e-6)
     for k in ("mean_batch", "p50_ms", "p99_ms", "compute_ms"):
         assert same["compare"][k]["predicted"] == pytest.approx(plain[k], rel=1e-4)
     slower = {1: (n, int(2.1e6 * 1.2 * n)), 2: (n, int(2.7e6 * 1.2 * n)),
               3: (n - 1, int(1e9 * n))}  # too few batches of 3: not used
-    g = given_measured_compute(t, sp, prof, slower, offsets, 0, measured)
+    g = given_measured_compute(t, sp, prof, slower, offsets, 0, measured).to_dict()
     assert g["profile_scale"] == pytest.approx(1.2, rel=1e-3)
     assert set(g["sizes_ms"]) == {"1", "2"}
     assert g["batches"] == {"1": n, "2": n}
@@ -118,16 +120,17 @@ def test_the_diagnosis_extends_the_runs_own_line_to_the_sizes_it_made_rarely():
     got = with_sizes(prof, run, n, trend=True)
     assert got is not None
     out, info = got
-    a, c = info["trend_ms"]
+    assert info.trend_ms is not None
+    a, c = info.trend_ms
     assert (a, c) == (pytest.approx(2.0), pytest.approx(0.25))
     for b in (4, 8):  # the profile's sizes the run did not make: on the run's line
         assert out.rows_ms[b] + prof.per_request_ms * b == pytest.approx(2.0 + 0.25 * b)
     steep = replace(prof, rows_ms={b: 2.0 * ms for b, ms in prof.rows_ms.items()})
-    assert (given_measured_compute(t, sp, steep, run, offsets, 0, measured)["compare"]
-            == given_measured_compute(t, sp, prof, run, offsets, 0, measured)["compare"])
+    assert (given_measured_compute(t, sp, steep, run, offsets, 0, measured).compare
+            == given_measured_compute(t, sp, prof, run, offsets, 0, measured).compare)
     # what went in, on the batches the run made: sizes 1 and 2 as measured, the one
     # batch of 6 (50 ms, a stall) on the line at 3.5 ms
-    rb = given_measured_compute(t, sp, prof, run, offsets, 0, measured)["run_batches"]
+    rb = given_measured_compute(t, sp, prof, run, offsets, 0, measured).to_dict()["run_batches"]
     requests = 3 * n + 2 * n + 6
     assert rb["measured_ms"] == pytest.approx((3 * n * 2.25 + 2 * n * 2.5 + 6 * 50) / requests)
     assert rb["scenario_ms"] == pytest.approx((3 * n * 2.25 + 2 * n * 2.5 + 6 * 3.5) / requests,
@@ -136,7 +139,7 @@ def test_the_diagnosis_extends_the_runs_own_line_to_the_sizes_it_made_rarely():
     assert rb["batches"] == {"1": 3 * n, "2": n, "6": 1}
     one = with_sizes(prof, {1: (n, int(2.1e6 * n))}, n, trend=True)
     assert one is not None
-    assert one[1]["trend_ms"] is None
+    assert one[1].trend_ms is None
 
 
 def test_the_profile_is_calibrated_by_the_batches_the_server_ran_under_load():
@@ -154,8 +157,9 @@ def test_the_profile_is_calibrated_by_the_batches_the_server_ran_under_load():
             5: (n - 1, int(9e6 * (n - 1)))}  # too few batches of 5: not taken
     cal = under_load(prof, seen)
     scale = (3 * n * 1.4 + n * 2.55) / (3 * n * 2.1 + n * 3.3)
-    assert cal.calibration["profile_scale"] == pytest.approx(scale)
-    assert cal.calibration["batches"] == {"1": 3 * n, "3": n}
+    assert cal.calibration is not None
+    assert cal.calibration.profile_scale == pytest.approx(scale)
+    assert cal.calibration.batches == {"1": 3 * n, "3": n}
     rows = fitted_rows_ms(cal)
     assert rows[1] == pytest.approx(1.4 - 0.1)
     assert rows[3] == pytest.approx(2.55 - 0.3)
@@ -317,14 +321,16 @@ def test_the_diagnosis_also_runs_on_the_times_the_requests_left_the_client():
     t, sp, prof, offsets, measured = _diagnosis_inputs()
     n = MIN_RUN_BATCHES
     run = {1: (3 * n, int(2.25e6 * 3 * n)), 2: (n, int(2.5e6 * n))}
-    plain = given_measured_compute(t, sp, prof, run, offsets, 0, measured)
+    plain = given_measured_compute(t, sp, prof, run, offsets, 0, measured).to_dict()
     assert "on_sent_times" not in plain
-    same = given_measured_compute(t, sp, prof, run, offsets, 0, measured, sent_s=offsets)
+    same = given_measured_compute(t, sp, prof, run, offsets, 0, measured,
+                                  sent_s=offsets).to_dict()
     assert set(same["on_sent_times"]) == {"mean_batch", "queue_ms", "compute_ms"}
     assert (same["on_sent_times"]["mean_batch"]["predicted"]
             == pytest.approx(same["compare"]["mean_batch"]["predicted"]))
     # every other request held back to leave with the next: pairs at the same instant
     late = np.sort(np.repeat(offsets[1::2], 2))
-    bunched = given_measured_compute(t, sp, prof, run, offsets, 0, measured, sent_s=late)
+    bunched = given_measured_compute(t, sp, prof, run, offsets, 0, measured,
+                                     sent_s=late).to_dict()
     assert (bunched["on_sent_times"]["mean_batch"]["predicted"]
             > bunched["compare"]["mean_batch"]["predicted"] * 1.05)

@@ -306,6 +306,9 @@ class LoadStep:
     behind_requests: int
     cpu: dict[str, float]  # client_cpu_cores, host_cpu_busy, host_cpu_steal
     server: dict[str, float]  # mean_batch, server_queue_ms, server_compute_ms, compute_*_ms
+    drawn_per_s: float = 0.0  # the rate the drawn send times ask for
+    wait_gaps: int = 0  # ~500 ms with requests waiting and no answer (see gaps.py)
+    wait_gap_s: float = 0.0
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> LoadStep:
@@ -317,16 +320,19 @@ class LoadStep:
                    row["errors"], row["achieved_per_s"], row["mean_ms"], row["p50_ms"],
                    row["p90_ms"], row["p95_ms"], row["p99_ms"], row["behind_p99_ms"],
                    row["p50_growth"], dict(row["errors_by_reason"]), row["behind_requests"],
-                   cpu, server)
+                   cpu, server, row.get("drawn_per_s", 0.0), row.get("wait_gaps", 0),
+                   row.get("wait_gap_s", 0.0))
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON keys (`servelab load --json`): the row `measure_rate` gives."""
         return {"offered_per_s": self.offered_per_s, "concurrency": self.concurrency,
                 "requests": self.requests, "ok": self.ok, "errors": self.errors,
-                "achieved_per_s": self.achieved_per_s, "mean_ms": self.mean_ms,
-                "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p95_ms": self.p95_ms,
-                "p99_ms": self.p99_ms, "behind_p99_ms": self.behind_p99_ms,
-                "p50_growth": self.p50_growth, "errors_by_reason": dict(self.errors_by_reason),
+                "achieved_per_s": self.achieved_per_s, "drawn_per_s": self.drawn_per_s,
+                "mean_ms": self.mean_ms, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
+                "p95_ms": self.p95_ms, "p99_ms": self.p99_ms,
+                "behind_p99_ms": self.behind_p99_ms, "p50_growth": self.p50_growth,
+                "wait_gaps": self.wait_gaps, "wait_gap_s": self.wait_gap_s,
+                "errors_by_reason": dict(self.errors_by_reason),
                 "behind_requests": self.behind_requests, **self.cpu, **self.server}
 
 

@@ -52,7 +52,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,7 @@ from servelab.errors import InputError, StoreError, cut, invalid
 from servelab.measure.client import fetch
 from servelab.measure.gaps import gap_note
 from servelab.measure.load import (
+    LoadStep,
     Target,
     cpu_times,
     cpu_use,
@@ -220,6 +221,125 @@ def _sizes(mbs: int) -> list[int]:
     return [*sizes, mbs]
 
 
+@dataclass(frozen=True, slots=True)
+class SizeFit:
+    """What a run's own batch times made of a profile (`with_sizes`): the time of each
+    batch size it ran often enough (ms, by size), how often it ran each, the ratio of
+    measured to profiled time there, and the run's line through them (intercept and
+    slope per request, ms; None unless asked for and two sizes were seen)."""
+
+    sizes_ms: dict[str, float]
+    batches: dict[str, int]
+    profile_scale: float
+    trend_ms: tuple[float, float] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sizes_ms": dict(self.sizes_ms), "batches": dict(self.batches),
+                "profile_scale": self.profile_scale,
+                "trend_ms": None if self.trend_ms is None else list(self.trend_ms)}
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The simulator's figures for one rate, on the arrivals the load generator intended
+    (`predict`)."""
+
+    mean_batch: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    queue_ms: float
+    compute_ms: float
+    throughput_per_s: float
+    dropped: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One figure at one rate: measured, predicted, the relative error, and whether it is
+    within its tolerance (None where the figure is not judged or not measured)."""
+
+    measured: float | None
+    predicted: float
+    error: float | None
+    tolerance: float | None
+    ok: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measured": self.measured, "predicted": self.predicted, "error": self.error,
+                "tolerance": self.tolerance, "ok": self.ok}
+
+
+def checks_dict(checks: dict[str, Check]) -> dict[str, Any]:
+    return {k: c.to_dict() for k, c in checks.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class RunBatches:
+    """The compute per request the fitted scenario gives the very batches a run made,
+    against the server's own (`run_batches_compute`)."""
+
+    measured_ms: float
+    scenario_ms: float
+    error: float | None
+    batches: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measured_ms": self.measured_ms, "scenario_ms": self.scenario_ms,
+                "error": self.error, "batches": dict(self.batches)}
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """The simulator again with a run's own batch times (`given_measured_compute`)."""
+
+    fit: SizeFit
+    run_batches: RunBatches | None
+    compare: dict[str, Check]
+    on_sent_times: dict[str, Check] | None = None  # mean batch, queue, compute only
+
+    @property
+    def profile_scale(self) -> float:
+        return self.fit.profile_scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.fit.to_dict(),
+                "run_batches": None if self.run_batches is None else self.run_batches.to_dict(),
+                "compare": checks_dict(self.compare),
+                **({} if self.on_sent_times is None
+                   else {"on_sent_times": checks_dict(self.on_sent_times)})}
+
+
+@dataclass(frozen=True, slots=True)
+class RateCheck:
+    """One rate of a `validate` run: what the load measured, what the simulator predicted
+    on the same arrivals, each figure held to its tolerance, and the diagnoses."""
+
+    rate_per_s: float
+    requests: int
+    measured: LoadStep
+    predicted: Prediction
+    compare: dict[str, Check]
+    closed_loop_profile: dict[str, Check] | None  # the uncalibrated profile's checks
+    given_measured_compute: Diagnosis | None
+    probe_drift: float = 1.0
+    probe_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.given_measured_compute
+        return {"rate_per_s": self.rate_per_s, "requests": self.requests,
+                "measured": self.measured.to_dict(), "predicted": self.predicted.to_dict(),
+                "compare": checks_dict(self.compare),
+                **({} if self.closed_loop_profile is None
+                   else {"closed_loop_profile": checks_dict(self.closed_loop_profile)}),
+                "given_measured_compute": None if g is None else g.to_dict(),
+                "probe_drift": self.probe_drift, "probe_ms": self.probe_ms}
+
+
 @dataclass(slots=True)
 class Profile:
     rows_ms: dict[int, float] = field(default_factory=dict)  # batch of b rows, 1 request
@@ -232,7 +352,7 @@ class Profile:
     notes: list[str] = field(default_factory=list)
     # Set when the curve came from open-loop calibration runs (see `under_load`): the
     # batch sizes they ran, their times, and the closed-loop profile's scale elsewhere.
-    calibration: dict[str, Any] | None = None
+    calibration: SizeFit | None = None
     host_cpu_steal: float | None = None  # share of the CPUs' time the hypervisor took
 
     def to_dict(self) -> dict[str, Any]:
@@ -247,7 +367,7 @@ class Profile:
                            "mean": float(o.mean()) if o.size else None},
             "server_ms_at_low_load": self.server_ms,
             "probe_ms": None if self.probe is None else self.probe.exec_ms,
-            "calibration": self.calibration,
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "host_cpu_steal": self.host_cpu_steal,
         }
 
@@ -566,34 +686,32 @@ def falls_behind(row: dict[str, Any], low_load_p50_ms: float) -> bool:
                 or row["p50_growth"] > SATURATION_GROWTH)
 
 
-def predict(fit: Scenario, offsets_s: np.ndarray, seed: int) -> dict[str, float]:
+def predict(fit: Scenario, offsets_s: np.ndarray, seed: int) -> Prediction:
     """The simulator on the same arrival times the load generator intended."""
     from servelab.api import run_simulate
 
     r = run_simulate(on_arrivals(fit, offsets_s, seed))
-    return {"mean_batch": r.batching.mean_batch_size, "p50_ms": r.latency.p50_ms,
-            "p90_ms": r.latency.p90_ms, "p99_ms": r.latency.p99_ms,
-            "mean_ms": r.latency.mean_ms, "queue_ms": r.latency.mean_queue_ms,
-            "compute_ms": r.latency.components["gpu"].mean_ms,
-            "throughput_per_s": r.throughput.served_per_s,
-            "dropped": r.requests.rejected + r.requests.timed_out}
+    return Prediction(r.batching.mean_batch_size, r.latency.p50_ms, r.latency.p90_ms,
+                      r.latency.p99_ms, r.latency.mean_ms, r.latency.mean_queue_ms,
+                      r.latency.components["gpu"].mean_ms, r.throughput.served_per_s,
+                      r.requests.rejected + r.requests.timed_out)
 
 
-def compare(measured: dict[str, Any], predicted: dict[str, float]) -> dict[str, Any]:
+def compare(measured: LoadStep, predicted: Prediction) -> dict[str, Check]:
     """Per figure: measured, predicted, relative error, and whether it is in tolerance."""
-    m = {"mean_batch": measured.get("mean_batch"), "p50_ms": measured["p50_ms"],
-         "p90_ms": measured["p90_ms"], "p99_ms": measured["p99_ms"],
-         "mean_ms": measured["mean_ms"], "queue_ms": measured.get("server_queue_ms"),
-         "compute_ms": measured.get("server_compute_ms"),
-         "throughput_per_s": measured["achieved_per_s"]}
-    out: dict[str, Any] = {}
+    m = {"mean_batch": measured.server.get("mean_batch"), "p50_ms": measured.p50_ms,
+         "p90_ms": measured.p90_ms, "p99_ms": measured.p99_ms, "mean_ms": measured.mean_ms,
+         "queue_ms": measured.server.get("server_queue_ms"),
+         "compute_ms": measured.server.get("server_compute_ms"),
+         "throughput_per_s": measured.achieved_per_s}
+    out: dict[str, Check] = {}
     for k, meas in m.items():
-        pred = predicted[k]
+        pred = getattr(predicted, k)
         err = ((pred - meas) / meas if meas not in (None, 0) and meas is not None
                and math.isfinite(meas) and math.isfinite(pred) else None)
         tol = TOLERANCE.get(k)
-        out[k] = {"measured": meas, "predicted": pred, "error": err, "tolerance": tol,
-                  "ok": None if tol is None or err is None else abs(err) <= tol}
+        out[k] = Check(meas, pred, err, tol, None if tol is None or err is None
+                       else abs(err) <= tol)
     return out
 
 
@@ -607,7 +725,7 @@ def drift_scale(prof: Profile, now: Probe | None) -> float:
 
 
 def with_sizes(prof: Profile, counts: dict[int, tuple[int, int]], min_batches: int, *,
-               trend: bool = False) -> tuple[Profile, dict[str, Any]] | None:
+               trend: bool = False) -> tuple[Profile, SizeFit] | None:
     """`prof` with the time of each batch size the server ran (`counts`: executions and
     compute ns per size, batches of one-row requests, sizes seen `min_batches` times or
     more) in place of its own. Its other sizes take its whole time (curve and
@@ -637,9 +755,8 @@ def with_sizes(prof: Profile, counts: dict[int, tuple[int, int]], min_batches: i
     # (no requests_ms: fitted_rows_ms would put the profile's own times back at them)
     out = replace(prof, rows_ms=rows, requests_ms={}, notes=list(prof.notes),
                   calibration=None)
-    info = {"sizes_ms": {str(k): v for k, v in sorted(seen.items())},
-            "batches": {str(k): weight[k] for k in sorted(seen)}, "profile_scale": scale,
-            "trend_ms": None if line is None else [line[0], line[1]]}
+    info = SizeFit({str(k): v for k, v in sorted(seen.items())},
+                   {str(k): weight[k] for k in sorted(seen)}, scale, line)
     return out, info
 
 
@@ -675,8 +792,8 @@ def under_load(prof: Profile, calibration: dict[int, tuple[int, int]]) -> Profil
 
 def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
                       in_run: dict[int, tuple[int, int]], offsets: np.ndarray, seed: int,
-                      measured: dict[str, Any], sent_s: np.ndarray | None = None
-                      ) -> dict[str, Any] | None:
+                      measured: LoadStep, sent_s: np.ndarray | None = None
+                      ) -> Diagnosis | None:
     """A diagnosis, not a prediction: the simulator again, with the time of each batch size
     the server ran in this very run (its statistics' deltas: batches of k one-row
     requests, each size seen at least MIN_RUN_BATCHES times) in place of the profile's,
@@ -701,19 +818,15 @@ def given_measured_compute(t: Target, sp: ServerPolicy, prof: Profile,
     run_prof, info = got
     fit = fit_scenario(t, sp, run_prof)
     pred = predict(fit, offsets, seed)
-    out = {"sizes_ms": info["sizes_ms"], "batches": info["batches"],
-           "profile_scale": info["profile_scale"], "trend_ms": info["trend_ms"],
-           "run_batches": run_batches_compute(fit, in_run),
-           "compare": compare(measured, pred)}
+    on_sent = None
     if sent_s is not None and sent_s.size:
-        on_sent = compare(measured, predict(fit, sent_s, seed))
-        out["on_sent_times"] = {k: on_sent[k] for k in ("mean_batch", "queue_ms",
-                                                         "compute_ms")}
-    return out
+        every = compare(measured, predict(fit, sent_s, seed))
+        on_sent = {k: every[k] for k in ("mean_batch", "queue_ms", "compute_ms")}
+    return Diagnosis(info, run_batches_compute(fit, in_run), compare(measured, pred), on_sent)
 
 
 def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
-                        ) -> dict[str, Any] | None:
+                        ) -> RunBatches | None:
     """What went in, apart from the batching: the compute per request the scenario gives
     the very batches the server ran (every size, as often as the server ran it; each
     request credited its batch's time, as Triton counts it) against the server's own.
@@ -731,14 +844,14 @@ def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
     requests = sum(k * c for k, (c, _) in runs.items())
     measured = sum(k * ns for k, (_, ns) in runs.items()) / requests / 1e6
     scenario = sum(k * c * float(table[k]) for k, (c, _) in runs.items()) / requests / 1e6
-    return {"measured_ms": measured, "scenario_ms": scenario,
-            "error": (scenario - measured) / measured if measured > 0 else None,
-            "batches": {str(k): c for k, (c, _) in sorted(runs.items())}}
+    return RunBatches(measured, scenario,
+                      (scenario - measured) / measured if measured > 0 else None,
+                      {str(k): c for k, (c, _) in sorted(runs.items())})
 
 
 def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
                         rate: float, n: int, seed: int, closed_loop: Profile | None = None
-                        ) -> dict[str, Any]:
+                        ) -> RateCheck:
     """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals,
     and the diagnosis with the run's own measured compute time. With `closed_loop` (the
     profile before calibration under load), its prediction too, for reference."""
@@ -748,24 +861,23 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     now = probe(t, one) if prof.probe is not None else None
     before = batch_stats(t)
     sent: list[np.ndarray] = []
-    measured = measure_rate(t, bodies, rate, n, seed, 256, offsets=offsets,
-                            on_result=lambda res: sent.append(  # (never before intended)
-                                np.sort(np.maximum(res.sent_ns, res.intended_ns)) / 1e9))
+    measured = LoadStep.of(measure_rate(
+        t, bodies, rate, n, seed, 256, offsets=offsets,
+        on_result=lambda res: sent.append(  # (never before intended)
+            np.sort(np.maximum(res.sent_ns, res.intended_ns)) / 1e9)))
     after = batch_stats(t)
     in_run = _delta(before, after) if before is not None and after is not None else {}
     drift = drift_scale(prof, now)
     predicted = predict(fit_scenario(t, sp, prof), offsets, seed)
-    extra = {} if closed_loop is None else {"closed_loop_profile": compare(
-        measured, predict(fit_scenario(t, sp, closed_loop), offsets, seed))}
-    return {"rate_per_s": rate, "requests": n, "measured": measured,
-            "predicted": predicted, "compare": compare(measured, predicted), **extra,
-            # (on the closed-loop profile: the run's own times replace it where the run
-            # made a size often enough, as they would replace the calibration's)
-            "given_measured_compute": given_measured_compute(
-                t, sp, closed_loop or prof, in_run, offsets, seed, measured,
-                sent_s=sent[0] if sent else None),
-            "probe_drift": drift,
-            "probe_ms": None if now is None else now.exec_ms}
+    uncalibrated = None if closed_loop is None else compare(
+        measured, predict(fit_scenario(t, sp, closed_loop), offsets, seed))
+    return RateCheck(
+        rate, n, measured, predicted, compare(measured, predicted), uncalibrated,
+        # (on the closed-loop profile: the run's own times replace it where the run made
+        # a size often enough, as they would replace the calibration's)
+        given_measured_compute(t, sp, closed_loop or prof, in_run, offsets, seed, measured,
+                               sent_s=sent[0] if sent else None),
+        drift, None if now is None else now.exec_ms)
 
 
 # An open-loop saturation under this share of the closed loop's rate is flagged: an open
@@ -783,7 +895,7 @@ def saturation_notes(sat: float | None, closed: float | None) -> list[str]:
             "judged are shares of it, so check them, or give them with --rates"]
 
 
-def notes_for(rows: list[dict[str, Any]], prof: Profile | None = None) -> list[str]:
+def notes_for(rows: list[RateCheck], prof: Profile | None = None) -> list[str]:
     notes = [
         "service time is deterministic per batch size: a v2 server's statistics are sums, "
         "so a batch's spread cannot be told from the spread outside the server; all "
@@ -799,72 +911,77 @@ def notes_for(rows: list[dict[str, Any]], prof: Profile | None = None) -> list[s
                          "may read slow; measure on a machine of your own")
         if (c := prof.calibration) is not None:
             notes.append("the profile was calibrated under open-loop load (the saturation "
-                         f"search's steps): batch sizes {', '.join(c['sizes_ms'])} as the "
-                         f"server ran them, the closed-loop profile x{c['profile_scale']:.2f}"
+                         f"search's steps): batch sizes {', '.join(c.sizes_ms)} as the "
+                         f"server ran them, the closed-loop profile x{c.profile_scale:.2f}"
                          " elsewhere; each rate's closed_loop_profile holds the uncalibrated "
                          "prediction")
     for r in rows:
-        notes += gap_note(r["measured"].get("wait_gaps", 0), r["measured"].get("wait_gap_s", 0.0),
-                          f"at {r['rate_per_s']:g}/s")
-        drift = r.get("probe_drift", 1.0)
+        m, at = r.measured, f"at {r.rate_per_s:g}/s"
+        notes += gap_note(m.wait_gaps, m.wait_gap_s, at)
+        drift = r.probe_drift
         if abs(drift - 1.0) > 0.05:
-            notes.append(f"at {r['rate_per_s']:g}/s a one-row batch took {drift - 1:+.0%} "
+            notes.append(f"{at} a one-row batch took {drift - 1:+.0%} "
                          "against its time at profiling (the probe just before the run): "
                          "the server's speed moved between profiling and measuring"
                          + ("; by this much the profile no longer describes the server: "
                             "measure on a quieter machine" if not 0.5 <= drift <= 2 else ""))
-        g = r.get("given_measured_compute")
-        if g and abs(g["profile_scale"] - 1.0) > 0.05:
-            c = g["compare"]
-            notes.append(f"at {r['rate_per_s']:g}/s the server's batches took "
-                         f"{g['profile_scale'] - 1:+.0%} against its profile; given the "
+        g = r.given_measured_compute
+        if g and abs(g.profile_scale - 1.0) > 0.05:
+            gc = g.compare
+            notes.append(f"{at} the server's batches took "
+                         f"{g.profile_scale - 1:+.0%} against its profile; given the "
                          f"run's own batch times the simulator's mean batch is "
-                         f"{c['mean_batch']['error']:+.0%}, p50 {c['p50_ms']['error']:+.0%}, "
-                         f"mean queue {c['queue_ms']['error']:+.0%} off the measurement")
-        sent = g.get("on_sent_times") if g else None
-        if sent and g and abs(sent["mean_batch"]["error"] - g["compare"]["mean_batch"]["error"]
-                              ) > 0.01:
-            notes.append(f"at {r['rate_per_s']:g}/s the client sent late (p99 "
-                         f"{r['measured'].get('behind_p99_ms', float('nan')):.1f} ms): on the "
+                         f"{_pct(gc['mean_batch'].error)}, p50 {_pct(gc['p50_ms'].error)}, "
+                         f"mean queue {_pct(gc['queue_ms'].error)} off the measurement")
+        sent = g.on_sent_times if g else None
+        if (sent and g and sent["mean_batch"].error is not None
+                and g.compare["mean_batch"].error is not None
+                and abs(sent["mean_batch"].error - g.compare["mean_batch"].error) > 0.01):
+            notes.append(f"{at} the client sent late (p99 "
+                         f"{m.behind_p99_ms:.1f} ms): on the "
                          "times the requests left it, the diagnosis' mean batch is "
-                         f"{sent['mean_batch']['error']:+.1%} off the measurement, against "
-                         f"{g['compare']['mean_batch']['error']:+.1%} on the intended times")
-        rb = g.get("run_batches") if g else None
-        if rb and rb["error"] is not None and abs(rb["error"]) > 0.05:
-            notes.append(f"at {r['rate_per_s']:g}/s the diagnosis' times give the server's "
-                         f"own batches {rb['error']:+.0%} compute against its statistics: "
+                         f"{sent['mean_batch'].error:+.1%} off the measurement, against "
+                         f"{g.compare['mean_batch'].error:+.1%} on the intended times")
+        rb = g.run_batches if g else None
+        if rb and rb.error is not None and abs(rb.error) > 0.05:
+            notes.append(f"{at} the diagnosis' times give the server's "
+                         f"own batches {rb.error:+.0%} compute against its statistics: "
                          "the sizes it ran fewer than "
                          f"{MIN_RUN_BATCHES} times took longer or shorter than the line "
                          "through the others (stalls land in few batches)")
-        if r["measured"].get("behind_p99_ms", 0) > 1.0:
-            notes.append(f"at {r['rate_per_s']:g}/s the load generator fell behind (p99 "
-                         f"{r['measured']['behind_p99_ms']:.1f} ms late): the client, not "
+        if m.behind_p99_ms > 1.0:
+            notes.append(f"{at} the load generator fell behind (p99 "
+                         f"{m.behind_p99_ms:.1f} ms late): the client, not "
                          "only the server, shapes that row")
-        steal = r["measured"].get("host_cpu_steal") or 0
+        steal = m.cpu.get("host_cpu_steal") or 0
         if steal > STEAL_NOTE:
-            notes.append(f"at {r['rate_per_s']:g}/s the hypervisor gave {steal:.0%} of this "
+            notes.append(f"{at} the hypervisor gave {steal:.0%} of this "
                          "virtual machine's CPU time to others (steal), stalling client and "
                          "server at random: measure on a machine of your own")
-        busy = r["measured"].get("host_cpu_busy")
+        busy = m.cpu.get("host_cpu_busy")
         if busy is not None and busy > HOST_BUSY_NOTE:
-            notes.append(f"at {r['rate_per_s']:g}/s this machine's CPUs were {busy:.0%} busy "
-                         f"(the load generator used {r['measured']['client_cpu_cores']:.2f} "
+            notes.append(f"{at} this machine's CPUs were {busy:.0%} busy "
+                         f"(the load generator used {m.cpu['client_cpu_cores']:.2f} "
                          "cores): client and server competed for them, which the simulator "
                          "does not model; measure from another machine to remove it")
-        if r["measured"].get("errors"):
-            notes.append(f"at {r['rate_per_s']:g}/s {r['measured']['errors']} requests failed:"
-                         f" {r['measured']['errors_by_reason']}")
+        if m.errors:
+            notes.append(f"{at} {m.errors} requests failed:"
+                         f" {m.errors_by_reason}")
     return notes
 
 
-def verdict(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
+def _pct(error: float | None) -> str:
+    return "n/a" if error is None else f"{error:+.0%}"
+
+
+def verdict(rows: list[RateCheck]) -> tuple[bool, list[str]]:
     misses = []
     for r in rows:
-        for k, c in r["compare"].items():
-            if c["ok"] is False:
-                misses.append(f"{r['rate_per_s']:g}/s {k}: predicted {c['predicted']:.3g}, "
-                              f"measured {c['measured']:.3g} ({c['error']:+.0%}, tolerance "
-                              f"±{c['tolerance']:.0%})")
+        for k, c in r.compare.items():
+            if c.ok is False:
+                misses.append(f"{r.rate_per_s:g}/s {k}: predicted {c.predicted:.3g}, "
+                              f"measured {c.measured:.3g} ({c.error:+.0%}, tolerance "
+                              f"±{c.tolerance:.0%})")
     return not misses, misses
 
 
@@ -946,8 +1063,8 @@ class ValidationSpec:
 
 @dataclass(frozen=True, slots=True)
 class ValidationReport:
-    """A whole `validate` run. `rates` keeps measure_and_predict's rows (their typing is
-    the next step); `to_dict()` is the stable validation.json."""
+    """A whole `validate` run, each rate a RateCheck; `to_dict()` is the stable
+    validation.json."""
 
     model: str
     url: str
@@ -957,7 +1074,7 @@ class ValidationReport:
     closed_loop_per_s: float | None
     profile: Profile
     closed_loop_profile: Profile | None
-    rates: tuple[dict[str, Any], ...]
+    rates: tuple[RateCheck, ...]
     within_tolerance: bool
     misses: tuple[str, ...]
     notes: tuple[str, ...]
@@ -970,7 +1087,7 @@ class ValidationReport:
             "closed_loop_per_s": self.closed_loop_per_s, "profile": self.profile.to_dict(),
             **({"closed_loop_profile": self.closed_loop_profile.to_dict()}
                if self.closed_loop_profile is not None else {}),
-            "rates": list(self.rates), "tolerance": dict(TOLERANCE),
+            "rates": [r.to_dict() for r in self.rates], "tolerance": dict(TOLERANCE),
             "within_tolerance": self.within_tolerance, "misses": list(self.misses),
             "notes": list(self.notes),
             # the fitted scenario as the lab's page state (section.key), so the page can
@@ -1049,8 +1166,8 @@ def run_validation(spec: ValidationSpec, *,
         if prof.calibration is not None:
             c = prof.calibration
             say(f"validate: profile calibrated under open-loop load: batch sizes "
-                f"{', '.join(c['sizes_ms'])} as measured, the closed-loop profile "
-                f"x{c['profile_scale']:.3f} elsewhere")
+                f"{', '.join(c.sizes_ms)} as measured, the closed-loop profile "
+                f"x{c.profile_scale:.3f} elsewhere")
         fit = fit_scenario(target, sp, prof)
         rows = []
         for k, rate in enumerate(grid):
