@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from servelab.batching.engine import REJECTED, SERVED, TIMED_OUT
 from servelab.batching.simulate import simulate_policy
 from servelab.batching.state import BatcherCore, Payload
-from servelab.scenario import BatchingPolicy, Closing
+from servelab.scenario import BatchingPolicy
 from tests.unit.test_engine_properties import cases
 
 
@@ -55,7 +55,7 @@ def drive(policy: BatchingPolicy, instances: int, arrivals: np.ndarray, table: n
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases(Closing.TRITON))
+@given(cases())
 def test_gateway_batcher_decides_as_the_engine(case):
     policy, c, arrivals, table, mult = case
     ref = simulate_policy(arrivals, table, mult, policy, c)
