@@ -27,9 +27,6 @@ def host_slowness() -> float:
     return measure_slowness()
 
 
-_used = [1.0]  # the factor the last bar used, for the tests' prints
-
-
 def measure_slowness() -> float:
     """REFERENCE_SIMPY_SEED_PER_S over this host's best of three SimPy runs of the seed
     (50,000 requests, after a warm-up), at least 1, at most SLOWNESS_CAP."""
@@ -61,18 +58,11 @@ def measure_slowness() -> float:
     return min(SLOWNESS_CAP, max(1.0, REFERENCE_SIMPY_SEED_PER_S / rate))
 
 
-def bar_ms(base_ms: float) -> float:
-    """A time bar set on the reference VM, as this host should meet it now: a VM's speed
-    changes within a run (a suite here saw 1.8x and 3.0x an hour apart), so the factor is
-    the larger of the one measured at the process's start and one measured now, right
-    after the timed moves."""
-    _used[0] = max(host_slowness(), measure_slowness())
-    return base_ms * _used[0]
-
-
-def slowness_used() -> float:
-    """The factor the last `bar_ms` used."""
-    return _used[0]
+def current_slowness() -> float:
+    """The factor a time bar is judged at now: a VM's speed changes within a run (a suite
+    here saw 1.8x and 3.0x an hour apart), so the larger of the one measured at the
+    process's start and one measured now, right after the timed moves."""
+    return max(host_slowness(), measure_slowness())
 
 
 TRIES = 3
@@ -85,14 +75,13 @@ def holds_within(measure: Callable[[], dict[str, tuple[float, float]]], tries: i
 
     `measure` returns {label: (figure_ms, base_ms)} and asserts its own functional checks
     (those fail at once). The bar is base_ms at the host's speed right after the run
-    (`bar_ms`). Why tries: a VM here has been 1.8x and 3.0x slower than the reference an
-    hour apart, and a moment's stall lands in one p95 of 25 moves; a regression misses on
-    every try, a busy moment on one."""
+    (`current_slowness`). Why tries: a VM here has been 1.8x and 3.0x slower than the
+    reference an hour apart, and a moment's stall lands in one p95 of 25 moves; a
+    regression misses on every try, a busy moment on one."""
     seen = []
     for k in range(tries):
         figures = measure()
-        factor = max(host_slowness(), measure_slowness())
-        _used[0] = factor
+        factor = current_slowness()
         misses = {label: (round(v, 1), round(base * factor, 1))
                   for label, (v, base) in figures.items() if not v < base * factor}
         print(f"try {k + 1}: " + ", ".join(f"{label} {v:.0f} ms (bar {base * factor:.0f})"

@@ -817,8 +817,12 @@ _SECTIONS["hardware"][1].update({fig: _num(0, 1e9, strict_lo=True) for fig in FI
 def flag_keys(*sections: str) -> dict[str, str]:
     """A command's parameter name -> the scenario key its flag sets, for the fields of
     `sections` that declare a flag ("--max-queue-delay-us" -> max_queue_delay_us)."""
-    return {f.flags[0].split("/")[0].lstrip("-").replace("-", "_"): f.key
-            for f in FIELDS.values() if f.flags and f.section in sections}
+    return {_param_name(f): f.key for f in FIELDS.values() if f.flags and f.section in sections}
+
+
+def _param_name(f: FieldInfo) -> str:
+    """A flagged field's parameter name: its first flag's, as Typer names it."""
+    return f.flags[0].split("/")[0].lstrip("-").replace("-", "_")
 
 
 # `servelab sweep` varies one number of the deployment (the v2 sections; [llm] has its own
@@ -835,7 +839,7 @@ def _sweep_name(f: FieldInfo, names: list[str]) -> str:
     """A field's name as `sweep` lists it: its flag's, else its TOML key where no other
     section has that key, else its dotted key."""
     if f.flags:
-        return f.flags[0].split("/")[0].lstrip("-").replace("-", "_")
+        return _param_name(f)
     return f.name if names.count(f.name) == 1 else f.key
 
 
@@ -850,8 +854,8 @@ def sweep_params() -> dict[str, tuple[str, bool]]:
     out: dict[str, tuple[str, bool]] = {}
     for f in numeric:
         target = (f.key, f.type.startswith("int"))
-        for name in (_sweep_name(f, names), f.name if names.count(f.name) == 1 else f.key,
-                     f.key):
+        unique = [f.name] if names.count(f.name) == 1 else []
+        for name in (_sweep_name(f, names), *unique, f.key):
             out.setdefault(name, target)
     return out
 
