@@ -15,7 +15,7 @@ import pytest
 from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
 from servelab.measure.validate import Profile, fitted_rows_ms
 from servelab.scenario import ServiceKind, load_scenario
-from tests.services import free_port, judged_on_quiet_runs, server_process
+from tests.services import free_port, judged_on_quiet_runs, probe_drift_misses, server_process
 
 STUB = str(Path(__file__).resolve().parent.parent / "stub_v2.py")
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
@@ -114,7 +114,7 @@ def demo_misses(report: dict) -> list[str]:
     compute per request also carries the batching's error. On this 2-core machine the
     gateway's batches at 400/s came out 6-8% bigger than the simulator's (half of it the
     client sending late in bunches: `on_sent_times`), which left compute 1-6% short."""
-    misses = []
+    misses = probe_drift_misses(report)
     for r in report["rates"]:
         c, g = r["compare"], r["given_measured_compute"]
         for k, e, tol in (("mean_batch", c["mean_batch"]["error"], 0.25),
@@ -172,7 +172,6 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
     for r in report["rates"]:
         assert r["measured"]["errors"] == 0
         assert r["compare"]["throughput_per_s"]["error"] == pytest.approx(0, abs=0.05)
-        assert 0.5 <= r["probe_drift"] <= 2.0
         assert "closed_loop_profile" not in r
 
 

@@ -26,6 +26,7 @@ from tests.services import (
     HostUse,
     free_port_run,
     judged_on_quiet_runs,
+    probe_drift_misses,
     server_process,
     skip_host_busy,
 )
@@ -81,7 +82,7 @@ def fidelity_misses(report: dict) -> list[str]:
     weighted by the batches the simulator forms, so it misses with them (a CI run in
     session 9, quiet by steal, had it 5.1-5.4% short at 400/s beside a mean batch 3.5-3.7%
     short; with client and server on one core, session 10, 1.5-4.8% beside 7-8%)."""
-    misses = []
+    misses = probe_drift_misses(report)
     for r in report["rates"]:
         c, g = r["compare"], r["given_measured_compute"]
         checks = [("whole mean_batch", c["mean_batch"]["error"], 0.40),
@@ -147,7 +148,6 @@ def check_report(report: dict, out: Path) -> None:
               "trend ms:", g["trend_ms"], "times on the run's batches:", g["run_batches"],
               "on the sent times:", {k: v["error"] for k, v in g["on_sent_times"].items()})
         assert abs(c["throughput_per_s"]["error"]) < 0.05, c["throughput_per_s"]
-        assert 0.5 <= r["probe_drift"] <= 2.0
 
 
 @pytest.mark.slow
