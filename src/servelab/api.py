@@ -52,7 +52,10 @@ def run_sweep(s: Scenario, param: str, values: Sequence[float], *, plan: bool = 
     if param not in params:
         guess = closest(param, params)
         several = [n for n in params if n.endswith(f".{param}")]
-        raise invalid("sweep parameter", param, f"one of {', '.join(sweep_names())}",
+        listed = f"one of {', '.join(sweep_names())}"  # long: only when nothing is close
+        raise invalid("sweep parameter", param, "a number of the scenario's [workload], "
+                      "[batching], [hardware], [model], [latency] or [plan]"
+                      if several or guess else listed,
                       f"give it as {' or '.join(several)}" if several
                       else f"did you mean {guess!r}?" if guess else "pick one of those")
     key, whole = params[param]

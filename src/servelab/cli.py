@@ -64,6 +64,9 @@ PriceOpt = Annotated[float | None, option("hardware.price_per_gpu_hour")]
 NReqOpt = Annotated[int | None, option("workload.num_requests")]
 SeedOpt = Annotated[int | None, option("workload.seed")]
 SloOpt = Annotated[float | None, option("latency.p99_slo_ms")]
+FeWorkersOpt = Annotated[int | None, option("latency.frontend_workers")]
+FeCpuOpt = Annotated[float | None, option("latency.frontend_cpu_ms")]
+FeLoopOpt = Annotated[bool | None, option("latency.frontend_event_loop")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")]
 
 
@@ -110,7 +113,9 @@ def simulate(
     max_queue_size: QueueOpt = None, timeout_us: TimeoutOpt = None,
     instances_per_gpu: InstOpt = None, gpu: GpuOpt = None, num_gpus: NGpuOpt = None,
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
-    slo_ms: SloOpt = None, as_json: JsonOpt = False,
+    slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
+    frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Simulate the scenario as given: batches, GPU, latency budget, cost."""
     s = _load(locals())
@@ -128,7 +133,9 @@ def plan(
     max_queue_size: QueueOpt = None, timeout_us: TimeoutOpt = None,
     instances_per_gpu: InstOpt = None, gpu: GpuOpt = None, num_gpus: NGpuOpt = None,
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
-    slo_ms: SloOpt = None, as_json: JsonOpt = False,
+    slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
+    frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """The fewest GPUs that meet the p99 SLO, what 1M inferences cost, the latency budget.
 
@@ -164,7 +171,9 @@ def sweep(
     max_queue_size: QueueOpt = None, timeout_us: TimeoutOpt = None,
     instances_per_gpu: InstOpt = None, gpu: GpuOpt = None, num_gpus: NGpuOpt = None,
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
-    slo_ms: SloOpt = None, as_json: JsonOpt = False,
+    slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
+    frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Vary one parameter over a range: a table (and a CSV) of the key figures."""
     s = _load(locals())

@@ -247,6 +247,8 @@ def variable_latency_s(sim: Simulation) -> np.ndarray:
     for part, values in (("feature_fetch", sim.fetch_s), ("network", sim.network_s)):
         if not lat.is_constant(part):
             e2e += values if every else values[served]
+    if sim.frontend_s.size:  # the front-end station's wait and work, before the batcher
+        e2e += sim.frontend_s if every else sim.frontend_s[served]
     return e2e
 
 
@@ -336,8 +338,9 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
     net_const = lat.is_constant("network")
     n_served = counts["served"]
     # queue + GPU is completion - arrival, kept in int64 when nothing else varies
-    e2e_ns = (Stat.of_served_ns(r, "end_to_end", n_served) if fetch_const and net_const
-              else None)
+    fe = sim.frontend_s
+    e2e_ns = (Stat.of_served_ns(r, "end_to_end", n_served)
+              if fetch_const and net_const and not fe.size else None)
     # the GPU's: each batch's time weighted by its size (the per-request GPU times, from
     # a fifth as many values)
     gpu_stat = Stat.of_ns_weighted(*r.batch_gpu_ns())
@@ -347,6 +350,8 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
                   else Stat.of(sim.fetch_s if all_served else sim.fetch_s[r.served]))
     net_stat = (Stat.constant(lat.network_ms) if net_const or not n_served
                 else Stat.of(sim.network_s if all_served else sim.network_s[r.served]))
+    fe_stat = (Stat.constant(0.0) if not fe.size or not n_served
+               else Stat.of(fe if all_served else fe[r.served]))
     e2e = e2e_ns if e2e_ns is not None else Stat.of(variable_latency_s(sim))
     if fetch_const or net_const:  # constants shift every percentile by the same amount
         shift = (lat.feature_fetch_ms if fetch_const else 0.0) + (
@@ -358,6 +363,7 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
         mean_ms=e2e.mean_ms, p50_ms=e2e.p50_ms, p90_ms=e2e.p90_ms, p95_ms=e2e.p95_ms,
         p99_ms=e2e.p99_ms,
         components={
+            "frontend": fe_stat,
             "feature_fetch": fetch_stat,
             "queue": queue_stat,
             "gpu": gpu_stat,
@@ -397,6 +403,15 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
     elif busy > 0.98 or end > 1.5e9 * span_s:
         notes.append("the instances cannot keep up: the queue grows for the whole run, "
                      "so latency depends on the run's length")
+    if fe.size and counts["arrivals"] >= MIN_ARRIVALS_TO_JUDGE:
+        cap = lat.frontend_workers / lat.frontend_cpu_ms * 1e3  # requests/s it can pass
+        sent_s = span_s - float(fe[-1])  # the last request's arrival, before the station
+        offered = counts["arrivals"] / sent_s if sent_s > 0 else 0.0
+        if offered > 0.98 * cap:
+            notes.append(f"the front end cannot keep up: {offered:,.0f} requests/s offered "
+                         f"to {lat.frontend_workers} worker(s) of {lat.frontend_cpu_ms:g} ms "
+                         f"a request (at most {cap:,.0f}/s); its queue grows for the whole "
+                         "run")
     b = s.batching
     if 0 < b.default_timeout_microseconds < b.max_queue_delay_microseconds:
         notes.append(f"default_timeout_microseconds ({b.default_timeout_microseconds:,} us) is "

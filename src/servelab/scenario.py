@@ -31,6 +31,7 @@ MAX_REQUESTS = 5_000_000  # about 115 MB at peak (23 bytes a request); enough fo
 MAX_BATCH = 1 << 16
 MAX_GPUS = 100_000
 MAX_MS = 3_600_000.0  # one hour, for any single latency or batch time
+MAX_FRONTEND_WORKERS = 1024  # a front end's threads (Triton's HTTP default is 8)
 MAX_TIMEOUT_US = 86_400_000_000  # one day
 MAX_CV = 100.0
 MIN_CV = 1e-3  # gamma's shape is 1/cv^2: below this it is a constant process
@@ -526,6 +527,29 @@ class Latency:
     network_samples_ms: tuple[float, ...] = spec(
         (), _samples(0.0, MAX_MS, "latencies in ms"), "Measured network times, resampled.",
         unit="ms")
+    # The server's front end (HTTP parsing, the answer) as a CPU station before the
+    # batcher: requests wait there, first come first served, for one of its workers, each
+    # taking frontend_cpu_ms. 0 workers: no station, the time outside is a pure delay.
+    frontend_workers: int = spec(
+        0, _int(0, MAX_FRONTEND_WORKERS), "Front-end workers before the batcher (0: none; 1 "
+        "for an interpreter-bound server such as servelab's gateway).",
+        flags=("--frontend-workers",),
+        control=Control(_OUTSIDE, "Front-end workers (0: none)", 0, 16, 1))
+    frontend_cpu_ms: float = spec(
+        0.0, _num(0, MAX_MS), "A request's CPU time in a front-end worker.", unit="ms",
+        flags=("--frontend-cpu-ms",),
+        control=Control(_OUTSIDE, "Front-end CPU per request (ms)", 0, 5, 0.01))
+
+    frontend_event_loop: bool = spec(
+        False, _bool, "The front end is one event loop (servelab's gateway, any asyncio "
+        "server): each turn it takes every request waiting, and the batcher sees them "
+        "together at the turn's end; needs frontend_workers = 1.",
+        flags=("--frontend-event-loop/--no-frontend-event-loop",))
+
+    @property
+    def frontend(self) -> bool:
+        """Whether requests pass a front-end station (workers and a cost both set)."""
+        return self.frontend_workers > 0 and self.frontend_cpu_ms > 0
 
     def median_p99_ms(self, part: str) -> tuple[float, float]:
         """A component's median and p99 (ms): from its samples when it has them."""
@@ -950,6 +974,12 @@ def _section(name: str, raw: Any) -> Any:
         raise invalid("[llm] num_gpus", n, f"a multiple of [llm] tp = {tp} (each replica "
                       f"spans tp GPUs)", f"set [llm] num_gpus to {tp * max(1, n // tp)}, or "
                       "[llm] tp to a divisor of it (0: all GPUs in one replica)")
+    if name == "latency" and values.get("frontend_event_loop") and values.get(
+            "frontend_workers", 0) > 1:
+        raise invalid("[latency] frontend_workers", values["frontend_workers"],
+                      "1 with frontend_event_loop = true (an event loop is one thread)",
+                      "set frontend_workers = 1, or frontend_event_loop = false for a pool "
+                      "of threads")
     if name == "hardware":
         overrides = tuple((f, values.pop(f)) for f in FIGURES if f in values)
         if "gpu" in values:

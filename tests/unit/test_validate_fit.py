@@ -334,3 +334,36 @@ def test_the_diagnosis_also_runs_on_the_times_the_requests_left_the_client():
                                      sent_s=late).to_dict()
     assert (bunched["on_sent_times"]["mean_batch"]["predicted"]
             > bunched["compare"]["mean_batch"]["predicted"] * 1.05)
+
+
+def test_the_front_end_takes_its_work_out_of_the_time_outside():
+    """With a front-end station the fitted scenario's time outside is the measured one less
+    the station's work, so at low load the two give the measured time outside again; under
+    load the station's wait is added on top."""
+    from servelab.api import run_simulate
+    from servelab.measure.load import Target
+    from servelab.measure.validate import ServerPolicy, fit_scenario, outside_after_frontend
+    from servelab.scenario import BatchingPolicy
+
+    rng = np.random.default_rng(1)
+    outside = 0.4 + rng.gamma(4.0, 0.05, 500)  # every request at least 0.4 ms outside
+    prof = Profile(rows_ms={1: 1.0, 2: 1.2}, outside_ms=outside)
+    assert outside_after_frontend(prof) == [round(float(x), 4) for x in outside]
+    station = replace(prof, frontend_workers=1, frontend_cpu_ms=0.3)
+    assert np.allclose(outside_after_frontend(station), outside - 0.3, atol=1e-4)
+    t = Target("127.0.0.1", 8000, "m")
+    sp = ServerPolicy(BatchingPolicy(max_batch_size=2), 1, "flags")
+    fit = fit_scenario(t, sp, station)
+    assert (fit.latency.frontend_workers, fit.latency.frontend_cpu_ms) == (1, 0.3)
+    assert fit_scenario(t, sp, station, outside=False).latency.frontend is False
+
+    def outside_mean(s, qps: float) -> float:
+        c = run_simulate(s.with_overrides({"workload.qps": qps,
+                                           "workload.num_requests": 20_000})).latency.components
+        return c["frontend"].mean_ms + c["network"].mean_ms
+
+    plain = fit_scenario(t, sp, prof)
+    assert outside_mean(fit, 10.0) == pytest.approx(outside_mean(plain, 10.0), rel=0.01)
+    # at 2,500/s one worker of 0.3 ms is 75% busy: M/D/1 adds 0.45 ms of wait on average
+    assert outside_mean(fit, 2500.0) - outside_mean(plain, 2500.0) == pytest.approx(
+        0.75 * 0.3 / (2 * 0.25), rel=0.1)

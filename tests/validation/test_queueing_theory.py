@@ -85,6 +85,19 @@ def test_md1_mean_wait_pollaczek_khinchine():
     check(theory, *replicate(s, mean_wait_s))
 
 
+def test_front_end_md1_mean_time_pollaczek_khinchine():
+    # One front-end worker of 1 ms before a near-instant model: an M/D/1 station.
+    lam, service_s = 700.0, 1e-3
+    rho = lam * service_s
+    theory = service_s + rho * service_s / (2 * (1 - rho))
+    s = scenario_from_dict({
+        "workload": {"qps": lam, "num_requests": N},
+        "batching": {"max_batch_size": 1},
+        "model": {"kind": "constant", "latency_ms": 0.001},
+        "latency": {"frontend_workers": 1, "frontend_cpu_ms": 1.0}})
+    check(theory, *replicate(s, lambda sim: float(sim.frontend_s[WARMUP:].mean())))
+
+
 def test_mm1_mean_wait():
     lam, mu = 700.0, 1000.0
     theory = (lam / mu) / (mu - lam)  # P-K with exponential service: rho / (mu - lambda)

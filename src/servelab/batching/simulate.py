@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -243,13 +243,61 @@ def _draw_parts(draw: Callable[[int], None], parts: list[int],
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Simulation:
-    """A scenario's run: records plus the per-request latency outside the GPU."""
+    """A scenario's run: records plus the per-request latency outside the GPU. With a
+    front-end station, the records' arrivals are the batcher's (each request's arrival
+    plus its time in the front end, `frontend_s`)."""
 
     scenario: Scenario
     service: ServiceModel
     records: Records
     fetch_s: np.ndarray  # per request; empty when the component is a constant (its median)
     network_s: np.ndarray
+    frontend_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # empty: no station
+
+
+@njit(cache=True, nogil=True)
+def frontend_pass(arrival_ns: np.ndarray, out_ns: np.ndarray, lo: int, hi: int, known: int,
+                  total: int, workers: int, cost_ns: int, event_loop: bool) -> int:
+    """Requests lo..hi-1 (and perhaps a few more) through the front end, each taking
+    `cost_ns` of a worker: `out_ns` gets the instant each leaves it. `known` arrivals are
+    drawn of `total`. Returns the first request not yet through: `hi` or more, or less
+    when an event loop's turn could take requests not drawn yet (draw more, call again).
+
+    Threads (first come, first served): with one cost for every request, the worker
+    that frees first is always the one that took the request `workers` places earlier,
+    so a request starts at its arrival or at that request's departure, whichever is
+    later (Kiefer-Wolfowitz's recursion reduced to Lindley's per worker), and departures
+    keep the arrivals' order.
+
+    An event loop (one worker): a turn starts at the first waiting request's arrival or
+    at the last turn's end, whichever is later, takes every request that has arrived by
+    then, handles them one after another, and hands them on together at its end (the
+    loop releases the interpreter to the batcher only between turns).
+
+    Earlier departures are read from `out_ns`, so the front end runs a part of the
+    arrivals at a time.
+    """
+    if not event_loop:
+        for i in range(lo, hi):
+            start = arrival_ns[i]
+            if i >= workers and out_ns[i - workers] > start:
+                start = out_ns[i - workers]
+            out_ns[i] = start + cost_ns
+        return hi
+    i = lo
+    free = out_ns[lo - 1] if lo > 0 else 0
+    while i < hi:
+        start = max(arrival_ns[i], free)
+        j = i + 1
+        while j < known and arrival_ns[j] <= start:
+            j += 1
+        if j == known and known < total:
+            return i  # the turn may take arrivals not drawn yet
+        free = start + (j - i) * cost_ns
+        for k in range(i, j):
+            out_ns[k] = free
+        i = j
+    return i
 
 
 def _component(lat: Latency, part: str, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -310,15 +358,31 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
             draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers))
     exec_ns = exec_table_ns(service, policy.max_batch_size)
     slowest_ns = float(exec_ns.max()) * float(mult.max(initial=1.0))
+    lat = s.latency
+    # With a front-end station the batcher sees each request when it leaves the station.
+    cost_ns = round(lat.frontend_cpu_ms * 1e6) if lat.frontend else 0
+    at_batcher = np.empty(n, np.int64) if cost_ns else arrivals.ns
+    passed = [0]  # requests through the station so far
 
     def draw(upto: int) -> None:  # each part checked before the engine runs on it
         arrivals.draw(upto)
         upto = min(upto, n)
-        if upto:
-            check_time_range(int(arrivals.ns[upto - 1]), upto, slowest_ns, policy, n)
+        if not cost_ns:
+            if upto:
+                check_time_range(int(arrivals.ns[upto - 1]), upto, slowest_ns, policy, n)
+            return
+        while passed[0] < upto:
+            # the front end adds at most its cost per request before the batcher
+            known = max(arrivals.drawn, upto)
+            check_time_range(int(arrivals.ns[known - 1]), known, slowest_ns + cost_ns,
+                             policy, n)
+            passed[0] = frontend_pass(arrivals.ns, at_batcher, passed[0], upto, known, n,
+                                      lat.frontend_workers, cost_ns, lat.frontend_event_loop)
+            if passed[0] < upto:  # an event loop's turn reaches past the arrivals drawn
+                arrivals.draw(known + max(known, 1024))
 
     records = simulate_policy(
-        arrivals.ns,
+        at_batcher,
         exec_ns,
         mult,
         policy,
@@ -326,11 +390,11 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
         seed=s.workload.seed,
         draw=draw,
     )
-    lat = s.latency
     return Simulation(
         scenario=s,
         service=service,
         records=records,
         fetch_s=_component(lat, "feature_fetch", n, fetch_rng),
         network_s=_component(lat, "network", n, net_rng),
+        frontend_s=((at_batcher - arrivals.ns) / 1e9 if cost_ns else np.zeros(0)),
     )

@@ -238,6 +238,18 @@ def validate(
     client_cpus: Annotated[str | None, typer.Option(
         help="Run validate itself (the load generator) on these CPUs alone (e.g. 8-15): "
              "apart from the server's, the two no longer compete.")] = None,
+    frontend_workers: Annotated[int | None, typer.Option(
+        help="The server's front end as a CPU station of this many workers before the "
+             "batcher (0: none, the time outside stays a delay; default 1 with --serve, "
+             "an interpreter-bound server, else 0).")] = None,
+    frontend_cpu_ms: Annotated[float | None, typer.Option(
+        help="A request's CPU time in a front-end worker (default: fitted, the server's own "
+             "time per request beyond queue and compute at low load).")] = None,
+    frontend_event_loop: Annotated[bool | None, typer.Option(
+        "--frontend-event-loop/--no-frontend-event-loop",
+        help="The front end is one event loop that hands each turn's requests to the "
+             "batcher together (default: with --serve, servelab's gateway; else threads).")
+                                   ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
                        ] = False,
 ) -> None:
@@ -258,7 +270,9 @@ def validate(
         server_cpus=tuple(sorted(parse_cpus("--server-cpus", server_cpus)))
         if server_cpus is not None else None,
         client_cpus=tuple(sorted(parse_cpus("--client-cpus", client_cpus)))
-        if client_cpus is not None else None)
+        if client_cpus is not None else None,
+        frontend_workers=frontend_workers, frontend_cpu_ms=frontend_cpu_ms,
+        frontend_event_loop=frontend_event_loop)
 
     def say(message: str) -> None:
         if not as_json:

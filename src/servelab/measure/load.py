@@ -206,7 +206,8 @@ def server_stats(t: Target, tries: int = 3) -> dict[str, float] | None:
         inf = s["inference_stats"]
         out: dict[str, Any] = {
                "inferences": s["inference_count"], "executions": s["execution_count"],
-               "success": inf["success"]["count"], "queue_ns": inf["queue"]["ns"],
+               "success": inf["success"]["count"], "success_ns": inf["success"]["ns"],
+               "queue_ns": inf["queue"]["ns"],
                "input_ns": inf["compute_input"]["ns"], "infer_ns": inf["compute_infer"]["ns"],
                "output_ns": inf["compute_output"]["ns"]}
     except (KeyError, IndexError, TypeError):

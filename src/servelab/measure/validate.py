@@ -42,8 +42,12 @@ Stated simplifications (they are in the report's notes):
   time outside the server with only a v2 server's statistics (they are sums), so the
   fitted service time is deterministic per batch size and all measured spread is in
   the outside time.
-- The server's front end (HTTP parsing, the response) is outside the model: its time
-  is measured at low load and does not grow with the rate.
+- The server's front end (HTTP parsing, the response) is a station before the batcher
+  only where `--frontend-workers` gives it (by default with `--serve`: servelab's
+  gateway, one event loop); its cost per request is the server's own time beyond queue
+  and compute at low load (its statistics), which leaves out the HTTP layer before the
+  server's clock starts. The rest of the time outside is measured at low load and does
+  not grow with the rate.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ from servelab.measure.loadgen import (
 from servelab.report import jsonable
 from servelab.scenario import (
     MAX_BATCH,
+    MAX_FRONTEND_WORKERS,
     BatchingPolicy,
     Scenario,
     flatten,
@@ -348,6 +353,14 @@ class Profile:
     outside_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     low_load_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     server_ms: float = 0.0  # mean queue + compute per request at low load
+    # The server's own time per request beyond queue + compute at low load (its
+    # statistics' success duration less those; None without them): work in its front end.
+    handling_ms: float | None = None
+    # The front end as a CPU station before the batcher ([latency] frontend_workers,
+    # frontend_cpu_ms); 0 workers: the time outside is a pure delay, as measured at low load.
+    frontend_workers: int = 0
+    frontend_cpu_ms: float = 0.0
+    frontend_event_loop: bool = False
     probe: Probe | None = None  # one-row batches, one client, just after profiling
     notes: list[str] = field(default_factory=list)
     # Set when the curve came from open-loop calibration runs (see `under_load`): the
@@ -366,6 +379,9 @@ class Profile:
                            "p99": float(np.percentile(o, 99)) if o.size else None,
                            "mean": float(o.mean()) if o.size else None},
             "server_ms_at_low_load": self.server_ms,
+            "handling_ms_at_low_load": self.handling_ms,
+            "frontend": {"workers": self.frontend_workers, "cpu_ms": self.frontend_cpu_ms,
+                         "event_loop": self.frontend_event_loop},
             "probe_ms": None if self.probe is None else self.probe.exec_ms,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "host_cpu_steal": self.host_cpu_steal,
@@ -467,6 +483,8 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
     server = sum(s1[k] - s0[k] for k in ("queue_ns", "input_ns", "infer_ns", "output_ns")
                  ) / ok / 1e6
     prof.server_ms = server
+    if "success_ns" in s0:
+        prof.handling_ms = max((s1["success_ns"] - s0["success_ns"]) / ok / 1e6 - server, 0.0)
     prof.low_load_ms = lat
     inside = (simulated_server_ms(fit_scenario(t, sp, prof, outside=False), offsets)
               if lat.size == offsets.size else np.full(lat.size, server))
@@ -606,11 +624,30 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
         "hardware": {"num_gpus": 1},
         "model": {"kind": "profile", "name": f"{t.model}, measured", "points": points,
                   "per_request_ms": round(prof.per_request_ms * scale, 6)},
-        "latency": {"network_samples_ms": ([round(float(x), 4) for x in prof.outside_ms]
-                                           if outside and prof.outside_ms.size else [0.0]),
+        "latency": {"network_samples_ms": outside_after_frontend(prof) if outside else [0.0],
                     "feature_fetch_ms": 0.0, "p99_slo_ms": 100.0},
     }
+    if outside and prof.frontend_workers and prof.frontend_cpu_ms:
+        raw["latency"].update(frontend_workers=prof.frontend_workers,
+                              frontend_cpu_ms=round(prof.frontend_cpu_ms, 6),
+                              frontend_event_loop=prof.frontend_event_loop)
     return scenario_from_dict(raw, base_dir=None)
+
+
+def frontend_cpu_fit(prof: Profile) -> float:
+    """A request's work in the server's front end: the server's own time per request
+    beyond queue and compute at low load (its statistics), else none."""
+    return prof.handling_ms or 0.0
+
+
+def outside_after_frontend(prof: Profile) -> list[float]:
+    """The time outside the server as samples (ms), less the front end's work where the
+    scenario has a front-end station: the station adds that work (and its wait) itself,
+    so at low load the two together give the measured time outside again."""
+    if not prof.outside_ms.size:
+        return [0.0]
+    cpu = prof.frontend_cpu_ms if prof.frontend_workers else 0.0
+    return [round(max(float(x) - cpu, 0.001), 4) for x in prof.outside_ms]
 
 
 def saturation(t: Target, meta: dict[str, Any], sp: ServerPolicy, low_load_p50_ms: float,
@@ -900,9 +937,17 @@ def notes_for(rows: list[RateCheck], prof: Profile | None = None) -> list[str]:
         "service time is deterministic per batch size: a v2 server's statistics are sums, "
         "so a batch's spread cannot be told from the spread outside the server; all "
         "measured spread is in the outside time",
-        "the time outside the server (client, HTTP, parsing) is measured at low load and "
-        "does not grow with the rate in the simulator",
     ]
+    if prof is None or not prof.frontend_workers:
+        notes.append("the time outside the server (client, HTTP, parsing) is measured at low "
+                     "load and does not grow with the rate in the simulator (--frontend-"
+                     "workers makes the server's front end a station that queues)")
+    else:
+        notes.append(f"the server's front end is a station of {prof.frontend_workers} "
+                     f"worker(s){' (an event loop)' if prof.frontend_event_loop else ''} at "
+                     f"{prof.frontend_cpu_ms:.3f} ms a request, before the batcher; the "
+                     "rest of the time outside (client, network) is measured at low load and "
+                     "does not grow with the rate")
     if prof is not None:
         notes.extend(prof.notes)
         if (prof.host_cpu_steal or 0) > STEAL_NOTE:
@@ -1034,8 +1079,24 @@ class ValidationSpec:
     calibrate: bool = False
     server_cpus: tuple[int, ...] | None = None
     client_cpus: tuple[int, ...] | None = None
+    frontend_workers: int | None = None  # None: 1 with --serve (servelab's gateway), else 0
+    frontend_cpu_ms: float | None = None  # None: fitted (see frontend_cpu_fit)
+    frontend_event_loop: bool | None = None  # None: with --serve (the gateway's asyncio loop)
 
     def __post_init__(self) -> None:
+        if self.frontend_workers is not None and not 0 <= self.frontend_workers <= (
+                MAX_FRONTEND_WORKERS):
+            raise invalid("--frontend-workers", self.frontend_workers,
+                          f"0 to {MAX_FRONTEND_WORKERS} (0: no front-end station)",
+                          "1 for an interpreter-bound server, Triton's --http-thread-count "
+                          "(8 by default) for tritonserver")
+        if self.frontend_event_loop and (self.frontend_workers or 1) != 1:
+            raise invalid("--frontend-workers", self.frontend_workers, "1 with "
+                          "--frontend-event-loop (an event loop is one thread)",
+                          "leave --frontend-workers out, or give --no-frontend-event-loop")
+        if self.frontend_cpu_ms is not None and not 0 <= self.frontend_cpu_ms <= 1000:
+            raise invalid("--frontend-cpu-ms", self.frontend_cpu_ms,
+                          "0 to 1000 ms a request", "leave it out to fit it")
         if (self.url is None) == (self.serve is None):
             raise invalid("--url/--serve", (self.url, self.serve), "exactly one of them",
                           "give --url http://127.0.0.1:8000 --model NAME, or --serve demo")
@@ -1151,6 +1212,17 @@ def run_validation(spec: ValidationSpec, *,
             f"{list(p.preferred_batch_size) or 'none'}, {sp.instances} instance(s) "
             f"(from {sp.source})")
         closed_prof = profile_server(target, meta, sp, seed=spec.seed, say=say)
+        closed_prof.frontend_workers = (spec.frontend_workers if spec.frontend_workers
+                                        is not None else int(spec.serve is not None))
+        if closed_prof.frontend_workers:
+            closed_prof.frontend_cpu_ms = (spec.frontend_cpu_ms if spec.frontend_cpu_ms
+                                           is not None else frontend_cpu_fit(closed_prof))
+            closed_prof.frontend_event_loop = closed_prof.frontend_workers == 1 and (
+                spec.frontend_event_loop if spec.frontend_event_loop is not None
+                else spec.serve is not None)
+            say(f"validate: front end {closed_prof.frontend_workers} worker(s)"
+                f"{' (an event loop)' if closed_prof.frontend_event_loop else ''}, "
+                f"{closed_prof.frontend_cpu_ms:.3f} ms a request")
         sat = closed = None
         calibration: dict[int, tuple[int, int]] = {}
         grid = list(spec.rates) if spec.rates is not None else None

@@ -440,7 +440,7 @@ function drawCharts() {
   const sim = last.update.simulate;
   const c = sim.latency.components;
   if (changed("budget", sim)) {
-  const parts = [["feature_fetch", "feature fetch", "#7aa6c2"], ["queue", "queue", "#f2b134"], ["gpu", "GPU", "#6cae75"], ["network", "network", "#a57fc0"]];
+  const parts = [["frontend", "front end", "#c2987a"], ["feature_fetch", "feature fetch", "#7aa6c2"], ["queue", "queue", "#f2b134"], ["gpu", "GPU", "#6cae75"], ["network", "network", "#a57fc0"]];
   plot("chart-budget", [
     ...parts.map(([k, name, color]) => ({ type: "bar", orientation: "h", name, y: ["mean"], x: [c[k].mean_ms], marker: { color } })),
     { type: "scatter", mode: "markers", name: "p50", y: ["mean"], x: [sim.latency.p50_ms], marker: { symbol: "line-ns-open", size: 24, color: "#333" } },
