@@ -129,7 +129,7 @@ text_values = st.one_of(st.sampled_from(NASTY_NUMBERS), st.text(max_size=30),
 # is about bad input, not about big legitimate runs.
 COMMON = ["--qps", "--max-queue-delay-us", "--max-batch-size", "--preferred-batch-size",
           "--max-queue-size", "--timeout-us", "--instances-per-gpu", "--gpu", "--num-gpus",
-          "--price", "--seed", "--slo-ms"]
+          "--price", "--seed", "--slo-ms", "--frontend-workers", "--frontend-cpu-ms"]
 KV = ["--model", "--kv-dtype", "--weight-dtype", "--context", "--gpu", "--num-gpus", "--tp",
       "--gpu-memory-utilization", "--block-size"]
 COMMANDS: dict[tuple[str, ...], list[str]] = {
@@ -176,7 +176,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                  "--alert", "--fail-on"],
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out", "--batcher-first",
-                    "--server-cpus", "--client-cpus", "--no-calibrate"],
+                    "--server-cpus", "--client-cpus", "--no-calibrate", "--frontend-workers",
+                    "--frontend-cpu-ms"],
     # (no output paths here: a generated one would be written; the named cases hold them)
     ("llm", "fit"): ["--max-evals", "--tp", "--gpu-memory-utilization",
                      "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
