@@ -528,8 +528,9 @@ class Latency:
         (), _samples(0.0, MAX_MS, "latencies in ms"), "Measured network times, resampled.",
         unit="ms")
     # The server's front end (HTTP parsing, the answer) as a CPU station before the
-    # batcher: requests wait there, first come first served, for one of its workers, each
-    # taking frontend_cpu_ms. 0 workers: no station, the time outside is a pure delay.
+    # batcher: requests wait there for one of its workers (first come first served, or
+    # one event loop's turns), each taking frontend_cpu_ms. 0 workers or 0 ms: no
+    # station, the time outside is a pure delay.
     frontend_workers: int = spec(
         0, _int(0, MAX_FRONTEND_WORKERS), "Front-end workers before the batcher (0: none; 1 "
         "for an interpreter-bound server such as servelab's gateway).",
@@ -539,7 +540,6 @@ class Latency:
         0.0, _num(0, MAX_MS), "A request's CPU time in a front-end worker.", unit="ms",
         flags=("--frontend-cpu-ms",),
         control=Control(_OUTSIDE, "Front-end CPU per request (ms)", 0, 5, 0.01))
-
     frontend_event_loop: bool = spec(
         False, _bool, "The front end is one event loop (servelab's gateway, any asyncio "
         "server): each turn it takes every request waiting, and the batcher sees them "

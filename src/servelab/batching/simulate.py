@@ -362,22 +362,19 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     # With a front-end station the batcher sees each request when it leaves the station.
     cost_ns = round(lat.frontend_cpu_ms * 1e6) if lat.frontend else 0
     at_batcher = np.empty(n, np.int64) if cost_ns else arrivals.ns
-    passed = [0]  # requests through the station so far
+    passed = [0]  # requests through the front end (all checked) so far
 
     def draw(upto: int) -> None:  # each part checked before the engine runs on it
         arrivals.draw(upto)
         upto = min(upto, n)
-        if not cost_ns:
-            if upto:
-                check_time_range(int(arrivals.ns[upto - 1]), upto, slowest_ns, policy, n)
-            return
         while passed[0] < upto:
-            # the front end adds at most its cost per request before the batcher
-            known = max(arrivals.drawn, upto)
+            # every arrival known so far; a front end adds at most its cost to each
+            known = arrivals.drawn if cost_ns else upto
             check_time_range(int(arrivals.ns[known - 1]), known, slowest_ns + cost_ns,
                              policy, n)
-            passed[0] = frontend_pass(arrivals.ns, at_batcher, passed[0], upto, known, n,
-                                      lat.frontend_workers, cost_ns, lat.frontend_event_loop)
+            passed[0] = upto if not cost_ns else frontend_pass(
+                arrivals.ns, at_batcher, passed[0], upto, known, n, lat.frontend_workers,
+                cost_ns, lat.frontend_event_loop)
             if passed[0] < upto:  # an event loop's turn reaches past the arrivals drawn
                 arrivals.draw(known + max(known, 1024))
 
