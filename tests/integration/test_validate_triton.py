@@ -211,26 +211,27 @@ def replay_misses(py: str, d: Path) -> list[str]:
     assert sim.returncode == 0, sim.stderr[-2000:]
     sim_batch = json.loads(sim.stdout)["batching"]["mean_batch_size"]
     triton = r["rules"]["triton"]["error"]
-    fitted = r["rules"]["triton, fitted race"]["error"]
+    raced = r["rules"]["triton, measured race"]
+    fitted = raced["error"]
+    left = r["measured"]["left_behind_share"]
     checks = [
         # Triton starts batches while older requests it had room for wait for a later one
-        ("measured left_behind_share > 0.1", r["measured"]["left_behind_share"] > 0.1),
+        ("measured left_behind_share > 0.1", left > 0.1),
         ("triton mean_batch within 10%", abs(triton["mean_batch"]) < 0.10),
         ("triton queue_mean_ms within 25%", abs(triton["queue_mean_ms"]) < 0.25),
-        # The batcher thread wins some races at a completion (0.08-0.15 measured here);
-        # with that share fitted to the mean queue, the figures not fitted come closer.
-        # The race itself is issue 28's open mechanism: one share fitted to the mean queue
-        # does not hold the share of batches that left an older request behind (+0.24 in
-        # one CI run, +0.41 and +0.68 in two on 2026-12-03), so that figure is printed in
-        # the report, not held here.
-        ("batcher_first at most 0.5", r["batcher_first"] <= 0.5),
-        ("fitted mean_batch within 10%", abs(fitted["mean_batch"]) < 0.10),
+        # With each batch's turnaround and the completion race read from the trace (the
+        # recorded traces of tests/data hold it to issue 28's 5 points, 3% and 10%;
+        # tests/unit/test_triton_traces_recorded.py), looser here on a live, shared run:
+        ("measured race: left_behind_share within 8 points",
+         abs(raced["left_behind_share"] - left) < 0.08),
+        ("measured race: mean_batch within 5%", abs(fitted["mean_batch"]) < 0.05),
+        ("measured race: queue_p50_ms within 15%", abs(fitted["queue_p50_ms"]) < 0.15),
         # Triton's batches vary (stalls of the shared machine): the measured spread is there
         ("spread cv > 0.02", r["spread"]["cv"] > 0.02),
         ("the fitted scenario's mean batch within 25%",
          sim_batch == pytest.approx(r["measured"]["mean_batch"], rel=0.25)),
     ]
-    return [f"{name} ({triton}, {fitted})" if "triton" in name or "fitted" in name else name
+    return [f"{name} ({triton}, {fitted})" if "triton" in name or "race" in name else name
             for name, ok in checks if not ok]
 
 

@@ -339,15 +339,16 @@ def replay_trace(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="The model to replay, when the trace holds several.")] = None,
     scenario_out: Annotated[Path | None, typer.Option(
-        help="Also write a scenario fitted to the trace (profile, per-batch spread, the "
-             "completion race, the trace's rate) for simulate / plan / sweep.")] = None,
+        help="Also write a scenario fitted to the trace (compute and turnaround per batch "
+             "size, per-batch spread, the completion race, the trace's rate) for simulate "
+             "/ plan / sweep.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
                        ] = False,
 ) -> None:
     """Replay a real Triton's trace through the simulator's batcher: the trace's own
-    queue-entry times and measured execution times, Triton's rule (as the source orders a
-    completion, and with the race fitted) beside what Triton did (mean batch, queue,
-    batches that left older requests behind)."""
+    queue-entry times, measured compute and turnaround, Triton's rule (as the source
+    orders a completion, and with the completion race read from the trace) beside what
+    Triton did (mean batch, queue, batches that left older requests behind)."""
     from servelab.files import check_writable_target
     from servelab.measure.replay import replay, trace_scenario
     from servelab.scenario import scenario_from_dict, scenario_to_toml
@@ -400,11 +401,17 @@ def _print_replay(report: dict[str, Any]) -> None:
                                                else f" {err:+.0%}"))
         t.add_row(f"{rule} rule", *cells)
     stdout.print(t)
-    stdout.print("execution ms by batch size (the trace's means, given to the simulator): "
+    stdout.print("compute ms by batch size (the trace's means): "
                  + ", ".join(f"{k}: {v:.2f}" for k, v in report["exec_ms_by_size"].items()),
                  highlight=False)
+    stdout.print("turnaround ms after a batch of each size (its end to the next start, the "
+                 "next payload waiting; given to the simulator with the compute): "
+                 + ", ".join(f"{k}: {v:.3f}"
+                             for k, v in report["turnaround_ms_by_size"].items()),
+                 highlight=False)
     stdout.print(f"the batcher thread won {report['batcher_first']:.1%} of the races at a "
-                 "completion (fitted to the mean queue; 0 is the source's order): set "
+                 f"completion ({report['races_judged']:,} judged in the trace; 0 is the "
+                 "source's order, and the share grows with how busy the CPUs are): set "
                  f"[batching] batcher_first = {report['batcher_first']:g} to simulate this "
                  "server", highlight=False, markup=False)
     sp = report["spread"]

@@ -5,10 +5,11 @@ the service-time profile, the time outside the server and the batching rule. A
 Triton trace (``--trace-config level=TIMESTAMPS`` with ``triton,file=PATH``) takes
 the first two out: it records, per request, when it entered the scheduler's queue
 (``QUEUE_START``) and when its batch ran (``COMPUTE_START``, ``COMPUTE_END``). The
-replay gives the simulator those very queue-entry times and, per batch size, the
-mean execution time Triton measured, and compares what Triton's batching rule
-makes of them (as the source orders a completion, and with the completion race
-fitted) with what Triton did:
+replay gives the simulator those very queue-entry times and, per batch size, the time
+a batch held its instance (its mean compute, and the instance's turnaround before the
+next batch), and compares what Triton's batching rule makes of them (as the source
+orders a completion, and with the completion race as the trace shows it) with what
+Triton did:
 
 - mean batch, and the queue (``COMPUTE_START - QUEUE_START``, Triton's own "queue"
   statistic) at the mean, p50, p90 and p99;
@@ -17,12 +18,27 @@ fitted) with what Triton did:
   closes a payload at its delay while the instance is busy (a rule where a batch takes
   every waiting request it has room for would give 0).
 
-Execution times are the mean of the batches of each size (what differs is then the
+Two things a trace shows that the rule alone does not (docs/load-and-validate.md, "The
+batch race"), both read from the trace, neither fitted to the figures compared:
+
+- **the turnaround**: after ``COMPUTE_END`` the instance still answers and releases the
+  batch's requests, then takes and stages the next payload, before ``COMPUTE_START``.
+  On the test's Triton that is 60-80 us after a batch of 1-2 and 200-400 us after one
+  of 17-32 (2026-12-03). Without it the replay's instance ran faster than Triton's and
+  its batches came out 4-7% small at 500-1,000/s.
+- **the completion race** (``batcher_first``): the completion's callback wakes the
+  batcher thread, and the freed instance goes on to take the waiting payload. Which of
+  the two threads gets there first is the operating system's choice; on a busy machine
+  the woken thread often runs first and grows the payload with what has queued. The
+  share is read from the trace (`race_share`): 5% at 200/s, 19-28% at 500-1,000/s on
+  the 2-core machine.
+
+Compute times are the mean of the batches of each size (what differs is then the
 rule, not the draws), and in one more row the measured per-batch spread resampled
 (each batch's time over its size's mean), which is what reaches the queue's tail.
 Requests of one row each, as the engine models them (the file is read by
-servelab.trace_file). `trace_scenario` turns all of
-it into a scenario the other commands take.
+servelab.trace_file). `trace_scenario` turns all of it into a scenario the other
+commands take.
 """
 
 from __future__ import annotations
@@ -79,33 +95,126 @@ def summarize(arrival_ns: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
 
 @dataclass(frozen=True, slots=True, eq=False)
 class MeasuredBatches:
-    """What the trace's batches took: per size, and per batch against its size's mean."""
+    """What the trace's batches took: per size, and per batch against its size's mean.
 
-    table_ns: np.ndarray  # mean ns per batch size 0..max_batch_size (index 0 unused)
+    ``table_ns`` is what a batch of each size holds its instance for: its compute
+    (``COMPUTE_START`` to ``COMPUTE_END``) plus the instance's turnaround after it (from
+    its ``COMPUTE_END`` to the next batch's ``COMPUTE_START`` when that batch's payload
+    was already waiting: the backend's answers and releases, the dequeue and the next
+    batch's staging), which is what the engine's instance is busy for."""
+
+    compute_ns: np.ndarray  # mean compute ns per batch size 0..max_batch_size (0 unused)
+    turnaround_ns: np.ndarray  # mean turnaround ns after a batch of each size
     sizes_seen: np.ndarray  # the sizes some batch had (the others are interpolated)
-    spread: np.ndarray  # each batch's time over its size's mean
+    spread: np.ndarray  # each batch's time (compute + its size's turnaround) over the mean
+
+    @property
+    def table_ns(self) -> np.ndarray:
+        table: np.ndarray = self.compute_ns + self.turnaround_ns
+        return table
 
     def exec_ms_by_size(self) -> dict[int, float]:
-        return {int(k): float(self.table_ns[k] / 1e6) for k in self.sizes_seen}
+        return {int(k): float(self.compute_ns[k] / 1e6) for k in self.sizes_seen}
+
+    def turnaround_ms_by_size(self) -> dict[int, float]:
+        return {int(k): float(self.turnaround_ns[k] / 1e6) for k in self.sizes_seen}
 
 
-def measured_batches(tr: TraceRequests, max_batch_size: int) -> MeasuredBatches:
-    """The mean measured time of batches of each size (sizes never seen interpolated,
-    held flat beyond the measured ones) and each batch's spread around it."""
-    b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
-    if size.max() > max_batch_size:
-        raise InputError(f"--max-batch-size = {max_batch_size}: the trace has a batch of "
-                         f"{int(size.max())} requests; fix: the model's max_batch_size")
-    dur = (b_end - b_start).astype(np.float64)
-    count = np.bincount(size)
-    seen = np.flatnonzero(count)
-    mean = np.bincount(size, weights=dur)[seen] / count[seen]
+def _per_size(size: np.ndarray, value: np.ndarray, max_batch_size: int) -> np.ndarray:
+    """Mean of `value` per batch size (index 0 unused), sizes never seen interpolated and
+    held flat beyond the measured ones; zeros where nothing was measured."""
     table = np.zeros(max_batch_size + 1)
-    table[1:] = np.interp(np.arange(1, max_batch_size + 1), seen, mean)
-    return MeasuredBatches(table, seen, dur / table[size])
+    count = np.bincount(size, minlength=max_batch_size + 1)
+    seen = np.flatnonzero(count)
+    if seen.size:
+        mean = np.bincount(size, weights=value, minlength=max_batch_size + 1)[seen] / count[seen]
+        table[1:] = np.interp(np.arange(1, max_batch_size + 1), seen, mean)
+    return table
 
 
-FIT_SEEDS = 3  # races drawn per share while fitting (common to every share tried)
+@dataclass(frozen=True, slots=True, eq=False)
+class TraceBatches:
+    """The trace's batches in start order, with the first request of each."""
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    size: np.ndarray
+    first_ns: np.ndarray  # queue entry of each batch's oldest request
+    of_request: np.ndarray  # each request's batch (index into the arrays above)
+
+    def waiting_at_end(self, delay_ns: int) -> np.ndarray:
+        """Per batch but the last: was the next batch's payload waiting when it ended (its
+        oldest request's delay expired by then, so the batcher had closed it)?"""
+        return self.first_ns[1:] + delay_ns <= self.end_ns[:-1]
+
+
+def trace_batches(tr: TraceRequests) -> TraceBatches:
+    b_start, b_end, size = batches_of(tr.start_ns, tr.end_ns)
+    of_request = np.searchsorted(b_start, tr.start_ns)
+    first = np.full(b_start.size, np.iinfo(np.int64).max)
+    np.minimum.at(first, of_request, tr.queue_ns)
+    return TraceBatches(b_start, b_end, size, first, of_request)
+
+
+def measured_batches(tr: TraceRequests, max_batch_size: int, delay_ns: int,
+                     instances: int = 1) -> MeasuredBatches:
+    """The mean measured compute of batches of each size, the instance's turnaround after
+    each size, and each batch's spread around its size's mean. The turnaround is read
+    between consecutive batches, so only with one instance (with more, a trace does not
+    say which batch followed which on an instance): 0 otherwise."""
+    tb = trace_batches(tr)
+    if tb.size.max() > max_batch_size:
+        raise InputError(f"--max-batch-size = {max_batch_size}: the trace has a batch of "
+                         f"{int(tb.size.max())} requests; fix: the model's max_batch_size")
+    dur = (tb.end_ns - tb.start_ns).astype(np.float64)
+    compute = _per_size(tb.size, dur, max_batch_size)
+    turn = np.zeros(max_batch_size + 1)
+    if instances == 1 and tb.size.size > 1:
+        waiting = tb.waiting_at_end(delay_ns)
+        gap = (tb.start_ns[1:] - tb.end_ns[:-1]).astype(np.float64)
+        turn = _per_size(tb.size[:-1][waiting], gap[waiting], max_batch_size)
+    table = compute + turn
+    return MeasuredBatches(compute, turn, np.flatnonzero(np.bincount(tb.size)),
+                           (dur + turn[tb.size]) / table[tb.size])
+
+
+def race_share(tr: TraceRequests, max_batch_size: int, delay_ns: int, instances: int = 1
+               ) -> tuple[float, int]:
+    """(share, completions judged): how often the batcher thread grew the waiting payload
+    at a completion, before the freed instance took it, read from the trace's own events.
+
+    A completion is judged when the next batch's payload was waiting (closed, its oldest
+    request's delay expired) and requests arrived after it closed and before the
+    completion. Under the source's order those go to a later payload; when the thread
+    looks first they join it. It counts as won when the latest of them joined. It is
+    judged only where the payload had room for all of them (won or lost alike, so the
+    room does not tilt the count). The payload closes at its oldest request's delay, or
+    when the previous batch started if that is later (a payload of requests already past
+    their delay closes at once); the earliest request after the close is left out, since
+    the rule lets one arrival join a payload closed that way. Only with one instance
+    (with more, the trace does not say which batch an instance ran
+    next): (0, 0) otherwise."""
+    tb = trace_batches(tr)
+    if instances != 1 or tb.size.size < 2:
+        return 0.0, 0
+    order = np.argsort(tr.queue_ns, kind="stable")
+    q, batch = tr.queue_ns[order], tb.of_request[order]
+    won = judged = 0
+    for n in np.flatnonzero(tb.waiting_at_end(delay_ns)) + 1:
+        close = max(int(tb.first_ns[n]) + delay_ns, int(tb.start_ns[n - 1]))
+        lo = np.searchsorted(q, close, side="right") + 1  # the earliest after it left out
+        hi = np.searchsorted(q, tb.end_ns[n - 1], side="left")
+        if hi <= lo:
+            continue
+        joined = int((batch[lo:hi] == n).sum())
+        if tb.size[n] - joined + (hi - lo) > max_batch_size:
+            continue  # no room for all of them, won or lost: not judged
+        judged += 1
+        won += int(batch[hi - 1] == n)
+    return (won / judged if judged else 0.0), judged
+
+
+RACE_SEEDS = 3  # draws of the races averaged for the rows that use the measured share
 
 
 def _rule_on(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarray, instances: int,
@@ -125,69 +234,58 @@ def _rule_on(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarray, insta
     return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
 
-def fit_batcher_first(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarray,
-                      instances: int, queue_ms: float) -> float:
-    """The share of completion races the batcher must win for the Triton rule's mean
-    queue to equal the measured one (more races won: less queue), by bisection."""
-    def queue_at(share: float) -> float:
-        return _rule_on(tr, replace(policy, batcher_first=share),
-                        table, instances, FIT_SEEDS)["queue_mean_ms"]
-
-    if queue_at(0.0) <= queue_ms:
-        return 0.0
-    if queue_at(1.0) >= queue_ms:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(12):  # to 1/4096
-        mid = (lo + hi) / 2
-        if queue_at(mid) > queue_ms:
-            lo = mid
-        else:
-            hi = mid
-    return round((lo + hi) / 2, 3)
-
-
 def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[str, Any]:
-    """The measured batching beside the Triton rule's, on the trace's arrivals: as the
-    source orders a completion (the instance takes the next payload first), and with the
-    share of races the batcher wins fitted to the measured mean queue."""
+    """The measured batching beside the Triton rule's, on the trace's arrivals, with
+    each batch holding its instance for its size's measured compute and turnaround: as
+    the source orders a completion (the instance takes the next payload first), and with
+    the share of races the batcher thread won as read from the trace (`race_share`)."""
     mbs = policy.max_batch_size
-    mb = measured_batches(tr, mbs)
+    delay_ns = policy.max_queue_delay_microseconds * 1000
+    mb = measured_batches(tr, mbs, delay_ns, instances)
     table, spread = mb.table_ns, mb.spread
     measured = summarize(tr.queue_ns, tr.start_ns, tr.end_ns, mbs)
-    share = fit_batcher_first(tr, policy, table, instances, measured["queue_mean_ms"])
-    fitted = replace(policy, batcher_first=share)
+    share, judged = race_share(tr, mbs, delay_ns, instances)
+    share = round(share, 3)
+    raced = replace(policy, batcher_first=share)
     rules: dict[str, Any] = {}
     for name, pol, seeds, sp in (
             ("triton", replace(policy, batcher_first=0.0), 1, None),
-            ("triton, fitted race", fitted, FIT_SEEDS, None),
-            ("triton, fitted race, measured spread", fitted, FIT_SEEDS, spread)):
+            ("triton, measured race", raced, RACE_SEEDS, None),
+            ("triton, measured race, measured spread", raced, RACE_SEEDS, spread)):
         got: dict[str, Any] = dict(_rule_on(tr, pol, table, instances, seeds, sp))
         got["error"] = {k: (got[k] - m) / m if m else None
                         for k, m in measured.items() if k != "batches"}
         rules[name] = got
     t0 = tr.queue_ns[0]
+    notes = gap_note(*batch_gaps(tr.queue_ns, tr.start_ns, tr.end_ns), "in the trace")
+    if instances > 1:
+        notes.append(f"{instances} instances: a trace does not say which batch an instance "
+                     "ran next, so the turnaround between batches and the completion race "
+                     "are not read (0)")
     return {"model": tr.model, "requests": int(tr.queue_ns.size), "skipped": tr.skipped,
             "span_s": float((tr.queue_ns[-1] - t0) / 1e9),
             "offered_per_s": float(tr.queue_ns.size / max((tr.queue_ns[-1] - t0) / 1e9, 1e-9)),
             "exec_ms_by_size": mb.exec_ms_by_size(),
-            "batcher_first": share,
+            "turnaround_ms_by_size": mb.turnaround_ms_by_size(),
+            "batcher_first": share, "races_judged": judged,
             "spread": {"batches": int(spread.size), "cv": float(spread.std() / spread.mean()),
                        "max": float(spread.max())},
-            "measured": measured, "rules": rules,
-            "notes": gap_note(*batch_gaps(tr.queue_ns, tr.start_ns, tr.end_ns), "in the trace")}
+            "measured": measured, "rules": rules, "notes": notes}
 
 
 def trace_scenario(tr: TraceRequests, report: dict[str, Any], policy: BatchingPolicy,
                    instances: int) -> dict[str, Any]:
-    """A scenario fitted to the trace: the policy with the fitted race, the measured
-    time per batch size as the profile, the measured per-batch spread as empirical
-    multipliers, and the trace's rate as Poisson arrivals. What happens outside Triton's
-    queue and compute (client, network, HTTP) is not in a trace: [latency] is zero."""
-    spread = measured_batches(tr, policy.max_batch_size).spread
+    """A scenario fitted to the trace: the policy with the measured race, the measured
+    time a batch of each size holds its instance (compute and turnaround) as the
+    profile, the measured per-batch spread as empirical multipliers, and the trace's
+    rate as Poisson arrivals. What happens outside Triton's queue and compute (client,
+    network, HTTP) is not in a trace: [latency] is zero."""
+    mb = measured_batches(tr, policy.max_batch_size,
+                          policy.max_queue_delay_microseconds * 1000, instances)
+    spread = mb.spread
     if spread.size > MAX_SAMPLES:  # keep every k-th: the same shape, within the cap
         spread = spread[:: -(-spread.size // MAX_SAMPLES)]
-    points = [[int(k), round(v, 6)] for k, v in report["exec_ms_by_size"].items()]
+    points = [[int(k), round(float(mb.table_ns[k]) / 1e6, 6)] for k in mb.sizes_seen]
     if points[0][0] != 1:  # the profile needs batch 1: the smallest measured size's time
         points.insert(0, [1, points[0][1]])
     return {
