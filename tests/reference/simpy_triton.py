@@ -14,7 +14,9 @@ arrivals (SimPy's normal priority), then the batcher thread (lower priority),
 then timeouts (lowest). An instance that finishes takes the next waiting payload
 before the woken thread runs; with ``batcher_first`` the thread runs first (after the
 instant's arrivals, while a payload slot is free) and the instance takes the payload
-once the thread has grown it or gone back to sleep.
+once the thread has grown it or gone back to sleep. An instance that takes a payload
+merges the ones behind it that waited past the delay and fit
+(``InstanceQueue::Dequeue``).
 """
 
 from __future__ import annotations
@@ -93,8 +95,19 @@ def simulate_simpy_triton(arrival_ns: np.ndarray, exec_ns: np.ndarray, multiplie
         while idle and rate_limiter:
             p = rate_limiter.popleft()
             p.state = "executing"
-            inst = idle.pop(0)
             now = int(env.now)
+            # InstanceQueue::Dequeue: while the next payload's oldest request has waited
+            # past the delay, mark it executing and, if it fits, merge it into this one
+            while rate_limiter and delay_ns > 0 and max_batch_size > 1:
+                front = rate_limiter[0]
+                if now - arrivals[front.requests[0]] <= delay_ns:
+                    break
+                front.state = "executing"
+                if len(p.requests) + len(front.requests) > max_batch_size:
+                    break
+                p.requests = p.requests + front.requests
+                rate_limiter.popleft()
+            inst = idle.pop(0)
             size = len(p.requests)
             dur = max(1, int(np.rint(exec_ns[size] * multiplier[batches[0]])))
             batches[0] += 1

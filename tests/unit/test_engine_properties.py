@@ -248,3 +248,37 @@ def test_arrivals_drawn_on_a_second_thread_give_the_same_run(case, first, part):
     for field in ("status", "batch", "batch_size", "batch_start_ns", "batch_end_ns",
                   "batch_instance"):
         np.testing.assert_array_equal(getattr(parted, field), getattr(whole, field))
+
+
+def test_an_instance_merges_the_payloads_behind_the_one_it_takes():
+    """Triton's InstanceQueue::Dequeue, traced by hand from the source (max_batch_size
+    8, preferred 2, 1 ms delay, one instance, 10 ms batches, arrivals every 0.1 ms from
+    0): [r0 r1] closes at the preferred 2 and runs at 0.1 ms; [r2 r3] closes at 2 and
+    waits; r5 wakes the thread, which gives the waiting payload one more (r4: its size
+    is past the largest preferred, so it is saturated); [r5] closes at its delay (1.5
+    ms) as a second waiting payload. At 10.1 ms the instance takes [r2 r3 r4], and [r5],
+    whose oldest request has waited past the delay and which fits, is merged into it:
+    one batch of 4, not 3 and then 1."""
+    arrivals = np.arange(6, dtype=np.int64) * 100 * US
+    table = np.full(9, 10_000.0 * US)
+    policy = BatchingPolicy(max_batch_size=8, preferred_batch_size=(2,),
+                            max_queue_delay_microseconds=1000)
+    mult = np.ones(6)
+    r = simulate_policy(arrivals, table, mult, policy, 1)
+    assert r.batch_size.tolist() == [2, 4]
+    assert r.start_ns.tolist() == [100 * US] * 2 + [10_100 * US] * 4
+    ref = simulate_simpy_triton(arrivals, table, mult, {2}, 8, 1000 * US, 1)
+    np.testing.assert_array_equal(r.start_ns, ref["start_ns"])
+
+
+def test_merged_payloads_agree_with_the_simpy_model_at_load():
+    rng = np.random.default_rng(5)
+    arrivals = np.cumsum(rng.exponential(1e9 / 2500, 4000)).astype(np.int64)
+    table = np.array([0.0] + [3e6 + 1e5 * b for b in range(1, 17)])
+    policy = BatchingPolicy(max_batch_size=16, preferred_batch_size=(4,),
+                            max_queue_delay_microseconds=1000)
+    mult = np.ones(arrivals.size)
+    r = simulate_policy(arrivals, table, mult, policy, 1)
+    ref = simulate_simpy_triton(arrivals, table, mult, {4}, 16, 1000 * US, 1)
+    np.testing.assert_array_equal(r.start_ns, ref["start_ns"])
+    np.testing.assert_array_equal(r.end_ns, ref["end_ns"])

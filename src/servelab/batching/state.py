@@ -119,7 +119,7 @@ class BatcherCore(Generic[T]):
             self.timer_ns += -(-(now - self.timer_ns) // IDLE_WAIT_NS) * IDLE_WAIT_NS
         if not self.blocked and self.timer_ns <= now and (self.queue or not self.timer_idle):
             self.wake = True
-        self._dispatch()
+        self._dispatch(now)
         if self.wake and not (self.blocked and not self._slot_free()):
             self._run_thread(now)
         self.wake = False
@@ -153,16 +153,30 @@ class BatcherCore(Generic[T]):
             return len(self.waiting) < self.slots
         return self.idle > len(self.waiting)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, now: int) -> None:
         while self.idle > 0 and self.waiting:
             p = self.waiting.popleft()
             p.started = True
+            # InstanceQueue::Dequeue (triton_engine, rule 7): the payloads behind it whose
+            # oldest request waited past the delay are marked executing (a current one
+            # grows no more) and merged while they fit
+            while self.waiting and self.delay_ns > 0 and self.mbs > 1:
+                front = self.waiting[0]
+                if now - front.arrivals_ns[0] <= self.delay_ns:
+                    break
+                front.started = True
+                if p.rows + front.rows > self.mbs:
+                    break
+                self.waiting.popleft()
+                p.items += front.items
+                p.arrivals_ns += front.arrivals_ns
+                p.rows += front.rows
             self.idle -= 1
             self.on_start(p)
 
     def _run_thread(self, now: int) -> None:
         while True:
-            self._dispatch()
+            self._dispatch(now)
             cur = self.current
             if self.saturated or (cur is not None and cur.started):  # NewPayload()
                 self.current = cur = None

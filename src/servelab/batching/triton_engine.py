@@ -65,6 +65,13 @@ priority level:
    2-5% of those with 1-3 queued by a gap of about one interarrival time.
    ``lost_wakeup`` is the share of completions (with requests queued and no
    prefetching) whose wake-up is missed, drawn from the run's seed.
+7. **Payloads merge when an instance takes one** (``InstanceQueue::Dequeue``,
+   ``src/instance_queue.cc``): the instance marks the payload executing, then, while
+   the next waiting payload's oldest request has waited longer than the delay, marks
+   that one executing too and, if the two fit in ``max_batch_size``, takes its
+   requests into the batch. A payload the batcher closed at a preferred size below
+   ``max_batch_size`` can so run larger than that size. (A current payload marked
+   executing without fitting grows no more; the thread starts a new one.)
 
 With no ``preferred_batch_size`` Triton's normaliser uses
 ``[max_batch_size]``. ``max_queue_size`` counts the requests still in the
@@ -522,6 +529,20 @@ def run_batcher_triton(
                         cp_stale = True
                     rq_head = _ring(rq_head + 1, cap)
                     rq_count -= 1
+                    # (rule 7) payloads behind it whose oldest request has waited past
+                    # the delay join it while they fit; each one looked at is marked
+                    # executing, so a current payload that does not fit grows no more
+                    while rq_count > 0 and delay_ns > 0 and mbs > 1:
+                        if t - arrival_ns[queue[seg_start[rq_head]]] <= delay_ns:
+                            break
+                        if rq_count == 1 and cp_open:
+                            cp_open = False
+                            cp_stale = True
+                        if size + seg_len[rq_head] > mbs:
+                            break
+                        size += seg_len[rq_head]  # the next segment of queue[:m_tail]
+                        rq_head = _ring(rq_head + 1, cap)
+                        rq_count -= 1
                     inst = heap_pop(idle_k, idle_i, n_idle)
                     n_idle -= 1
                     done = start_batch(t, queue, s0, size, nb, inst, exec_ns, multiplier,

@@ -23,15 +23,15 @@ batch race"), both read from the trace, neither fitted to the figures compared:
 
 - **the turnaround**: after ``COMPUTE_END`` the instance still answers and releases the
   batch's requests, then takes and stages the next payload, before ``COMPUTE_START``.
-  On the test's Triton that is 60-80 us after a batch of 1-2 and 200-400 us after one
-  of 17-32 (2026-12-03). Without it the replay's instance ran faster than Triton's and
-  its batches came out 4-7% small at 500-1,000/s.
+  On the test's Triton its median is 60-80 us after a batch of 1-2 and 230-420 us
+  after one of 17-32 (2026-12-03). Without it the replay's instance ran faster than
+  Triton's and its batches came out 3-6% small at 500-1,000/s.
 - **the completion race** (``batcher_first``): the completion's callback wakes the
   batcher thread, and the freed instance goes on to take the waiting payload. Which of
   the two threads gets there first is the operating system's choice; on a busy machine
   the woken thread often runs first and grows the payload with what has queued. The
-  share is read from the trace (`race_share`): 5% at 200/s, 19-28% at 500-1,000/s on
-  the 2-core machine.
+  share is read from the trace (`race_share`): 6-9% at 200/s, 19-27% at 500-1,000/s
+  on the quiet 2-core machine, 31-48% with a test run beside it.
 
 Compute times are the mean of the batches of each size (what differs is then the
 rule, not the draws), and in one more row the measured per-batch spread resampled
