@@ -367,3 +367,19 @@ def test_the_front_end_takes_its_work_out_of_the_time_outside():
     # at 2,500/s one worker of 0.3 ms is 75% busy: M/D/1 adds 0.45 ms of wait on average
     assert outside_mean(fit, 2500.0) - outside_mean(plain, 2500.0) == pytest.approx(
         0.75 * 0.3 / (2 * 0.25), rel=0.1)
+
+
+def test_the_front_ends_fitted_cost_is_held_to_what_the_profile_saw_it_pass():
+    """The cost read at low load (the server's time beyond queue and compute) is taken as
+    it is, unless the profile's closed loops had more requests a second answered than a
+    front end that slow could pass: then it is held to workers / that rate (a stall in
+    the low-load run read 3 ms where the closed loop had passed 1,000/s)."""
+    from servelab.measure.validate import frontend_cpu_fit
+
+    prof = Profile(handling_ms=0.6, closed_loop_per_s=1000.0, frontend_workers=1)
+    assert frontend_cpu_fit(prof) == pytest.approx(0.6)
+    assert frontend_cpu_fit(replace(prof, handling_ms=3.0)) == pytest.approx(1.0)
+    assert frontend_cpu_fit(replace(prof, handling_ms=3.0, frontend_workers=4)) == (
+        pytest.approx(3.0))  # four workers at 3 ms pass 1,333/s
+    assert frontend_cpu_fit(replace(prof, closed_loop_per_s=0.0, handling_ms=3.0)) == 3.0
+    assert frontend_cpu_fit(replace(prof, handling_ms=None)) == 0.0

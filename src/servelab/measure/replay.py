@@ -171,7 +171,8 @@ def measured_batches(tr: TraceRequests, max_batch_size: int, delay_ns: int,
     turn = np.zeros(max_batch_size + 1)
     if instances == 1 and tb.size.size > 1:
         waiting = tb.waiting_at_end(delay_ns)
-        gap = (tb.start_ns[1:] - tb.end_ns[:-1]).astype(np.float64)
+        # (not below 0: batches that overlap came from more instances than were given)
+        gap = np.maximum(tb.start_ns[1:] - tb.end_ns[:-1], 0).astype(np.float64)
         turn = _per_size(tb.size[:-1][waiting], gap[waiting], max_batch_size)
     table = compute + turn
     return MeasuredBatches(compute, turn, np.flatnonzero(np.bincount(tb.size)),

@@ -361,6 +361,9 @@ class Profile:
     frontend_workers: int = 0
     frontend_cpu_ms: float = 0.0
     frontend_event_loop: bool = False
+    # The most one-row requests a second any closed loop of the profile had answered: its
+    # front end carried them, which bounds the front end's cost (see frontend_cpu_fit).
+    closed_loop_per_s: float = 0.0
     probe: Probe | None = None  # one-row batches, one client, just after profiling
     notes: list[str] = field(default_factory=list)
     # Set when the curve came from open-loop calibration runs (see `under_load`): the
@@ -380,6 +383,7 @@ class Profile:
                            "mean": float(o.mean()) if o.size else None},
             "server_ms_at_low_load": self.server_ms,
             "handling_ms_at_low_load": self.handling_ms,
+            "closed_loop_per_s": self.closed_loop_per_s,
             "frontend": {"workers": self.frontend_workers, "cpu_ms": self.frontend_cpu_ms,
                          "event_loop": self.frontend_event_loop},
             "probe_ms": None if self.probe is None else self.probe.exec_ms,
@@ -443,7 +447,11 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
     totals: dict[int, list[int]] = {}
     for c in _sizes(mbs)[1:]:
         before = batch_stats(t) or {}
-        _closed(t, one, c, per_step * c // 2 + 20)
+        res = _closed(t, one, c, per_step * c // 2 + 20)
+        span_ns = int(res.done_ns.max() - res.intended_ns.min())
+        if span_ns > 0:
+            answered = int((res.status == 200).sum())
+            prof.closed_loop_per_s = max(prof.closed_loop_per_s, answered * 1e9 / span_ns)
         for k, (cnt, ns) in _delta(before, batch_stats(t) or {}).items():
             acc = totals.setdefault(k, [0, 0])
             acc[0] += cnt
@@ -636,8 +644,15 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
 
 def frontend_cpu_fit(prof: Profile) -> float:
     """A request's work in the server's front end: the server's own time per request
-    beyond queue and compute at low load (its statistics), else none."""
-    return prof.handling_ms or 0.0
+    beyond queue and compute at low load (its statistics), else none; at most what lets
+    `prof.frontend_workers` workers pass the requests a second the profile's closed loops
+    had answered (they went through it), since a stall in the low-load run (a busy
+    machine: a CI run read a cost the server's closed loop had beaten by a third) would
+    otherwise make a station slower than the server measured."""
+    cost = prof.handling_ms or 0.0
+    if prof.frontend_workers and prof.closed_loop_per_s > 0:
+        cost = min(cost, prof.frontend_workers * 1000.0 / prof.closed_loop_per_s)
+    return cost
 
 
 def outside_after_frontend(prof: Profile) -> list[float]:
@@ -1217,6 +1232,15 @@ def run_validation(spec: ValidationSpec, *,
         if closed_prof.frontend_workers:
             closed_prof.frontend_cpu_ms = (spec.frontend_cpu_ms if spec.frontend_cpu_ms
                                            is not None else frontend_cpu_fit(closed_prof))
+            if (spec.frontend_cpu_ms is None and closed_prof.handling_ms is not None
+                    and closed_prof.frontend_cpu_ms < closed_prof.handling_ms):
+                closed_prof.notes.append(
+                    f"the server's own time per request beyond queue and compute at low "
+                    f"load read {closed_prof.handling_ms:.3f} ms, more than its front end "
+                    f"can take to pass the {closed_prof.closed_loop_per_s:.0f} requests/s "
+                    "its closed loops had answered; the front end's cost is held to "
+                    f"{closed_prof.frontend_cpu_ms:.3f} ms (a stall in the low-load run: "
+                    "measure on a quieter machine, or give --frontend-cpu-ms)")
             closed_prof.frontend_event_loop = closed_prof.frontend_workers == 1 and (
                 spec.frontend_event_loop if spec.frontend_event_loop is not None
                 else spec.serve is not None)
