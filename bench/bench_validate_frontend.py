@@ -1,10 +1,11 @@
 """`validate --serve demo` with and without the gateway's front end in the simulator.
 
 Each run is one `validate --serve demo` (servelab's gateway, its fitted front end: one
-event loop at the server's own time per request beyond queue and compute). On the very
-measurement of each rate the prediction is made again without the front end (the
-measured time outside as a delay, as before 2026-12-03) and with one first-come-first-
-served worker instead of the event loop, so the three sit side by side on the same
+event loop, a cost per request held to what the profile's closed loops passed and the
+rest of the low-load cost per turn). On the very measurement of each rate the
+prediction is made again without the front end (the measured time outside as a delay),
+with one first-come-first-served worker, with the event loop and no cost per turn, and
+with the event loop at the whole low-load cost a request, side by side on the same
 data. Prints the errors of mean batch, p50 and p99 per rate and run, and a summary line
 per variant: the largest |error| of each figure over the runs.
 
@@ -33,21 +34,29 @@ FIGURES = ("mean_batch", "p50_ms", "p99_ms")
 
 
 def variants(fit: Scenario, prof: Profile) -> dict[str, Scenario]:
-    """The fitted scenario, and the same without the station, with FIFO threads, and with
-    the station's cost as read at low load (validate holds it to what the profile's
-    closed loops passed through it)."""
+    """The fitted scenario (an event loop: a cost per request, held to what the profile's
+    closed loops passed, and the rest of the low-load cost per turn), and on the same
+    measurement: no station; one FIFO worker; the event loop with no cost per turn (the
+    held cost alone); and the event loop at the whole low-load cost a request."""
     outside = [round(max(float(x), 0.001), 4) for x in prof.outside_ms]
+    low = prof.handling_ms or 0.0
+    less_cpu = [round(max(float(x) - prof.frontend_cpu_ms, 0.001), 4) for x in prof.outside_ms]
     return {
         "event loop (fitted)": fit,
         "no front end": fit.with_overrides({"latency.frontend_workers": 0,
                                             "latency.frontend_event_loop": False,
+                                            "latency.frontend_turn_ms": 0.0,
                                             "latency.network_samples_ms": outside}),
-        "1 FIFO worker": fit.with_overrides({"latency.frontend_event_loop": False}),
-        # the cost as read at low load, not held to what the closed loops passed
-        "event loop, low-load cost": fit.with_overrides({
-            "latency.frontend_cpu_ms": round(max(prof.handling_ms or 0.0, 1e-6), 6),
-            "latency.network_samples_ms": [round(max(float(x) - (prof.handling_ms or 0.0),
-                                                     0.001), 4) for x in prof.outside_ms]}),
+        "1 FIFO worker": fit.with_overrides({"latency.frontend_event_loop": False,
+                                             "latency.frontend_turn_ms": 0.0,
+                                             "latency.network_samples_ms": less_cpu}),
+        "event loop, no turn cost": fit.with_overrides({"latency.frontend_turn_ms": 0.0,
+                                                        "latency.network_samples_ms": less_cpu}),
+        "event loop, low-load cost a request": fit.with_overrides({
+            "latency.frontend_cpu_ms": round(max(low, 1e-6), 6),
+            "latency.frontend_turn_ms": 0.0,
+            "latency.network_samples_ms": [round(max(float(x) - low, 0.001), 4)
+                                           for x in prof.outside_ms]}),
     }
 
 
@@ -63,7 +72,9 @@ def main() -> None:
         prof = rep.profile
         print(f"run {run + 1} (seed {run}): saturation {rep.saturation_per_s:.0f}/s, closed "
               f"loop {rep.closed_loop_per_s:.0f}/s, front end {prof.frontend_cpu_ms:.3f} ms "
-              f"a request, steal while profiling {prof.host_cpu_steal or 0:.1%}")
+              f"a request and {prof.frontend_turn_ms:.3f} ms a turn (low-load cost "
+              f"{prof.handling_ms or 0:.3f} ms), steal while profiling "
+              f"{prof.host_cpu_steal or 0:.1%}")
         for k, r in enumerate(rep.rates):
             m = r.measured
             print(f"  {r.rate_per_s:g}/s: measured batch {m.server.get('mean_batch'):.2f}, "

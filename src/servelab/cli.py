@@ -67,6 +67,7 @@ SloOpt = Annotated[float | None, option("latency.p99_slo_ms")]
 FeWorkersOpt = Annotated[int | None, option("latency.frontend_workers")]
 FeCpuOpt = Annotated[float | None, option("latency.frontend_cpu_ms")]
 FeLoopOpt = Annotated[bool | None, option("latency.frontend_event_loop")]
+FeTurnOpt = Annotated[float | None, option("latency.frontend_turn_ms")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")]
 
 
@@ -115,7 +116,7 @@ def simulate(
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
-    as_json: JsonOpt = False,
+    frontend_turn_ms: FeTurnOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Simulate the scenario as given: batches, GPU, latency budget, cost."""
     s = _load(locals())
@@ -135,7 +136,7 @@ def plan(
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
-    as_json: JsonOpt = False,
+    frontend_turn_ms: FeTurnOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """The fewest GPUs that meet the p99 SLO, what 1M inferences cost, the latency budget.
 
@@ -173,7 +174,7 @@ def sweep(
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
-    as_json: JsonOpt = False,
+    frontend_turn_ms: FeTurnOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Vary one parameter over a range: a table (and a CSV) of the key figures."""
     s = _load(locals())

@@ -545,6 +545,13 @@ class Latency:
         "server): each turn it takes every request waiting, and the batcher sees them "
         "together at the turn's end; needs frontend_workers = 1.",
         flags=("--frontend-event-loop/--no-frontend-event-loop",))
+    # An event loop's own cost per turn (its poll and wake-up), beside each request's: a
+    # turn of k requests takes frontend_turn_ms + k x frontend_cpu_ms. At low load a turn
+    # holds one request; under load the turn's cost is shared by many.
+    frontend_turn_ms: float = spec(
+        0.0, _num(0, MAX_MS), "An event loop's cost per turn (its poll and wake-up), "
+        "beside each request's; needs frontend_event_loop.", unit="ms",
+        flags=("--frontend-turn-ms",))
 
     @property
     def frontend(self) -> bool:
@@ -980,6 +987,11 @@ def _section(name: str, raw: Any) -> Any:
                       "1 with frontend_event_loop = true (an event loop is one thread)",
                       "set frontend_workers = 1, or frontend_event_loop = false for a pool "
                       "of threads")
+    if name == "latency" and values.get("frontend_turn_ms", 0) > 0 and not values.get(
+            "frontend_event_loop"):
+        raise invalid("[latency] frontend_turn_ms", values["frontend_turn_ms"],
+                      "0 unless frontend_event_loop = true (a cost per turn is an event "
+                      "loop's)", "set frontend_event_loop = true, or frontend_turn_ms = 0")
     if name == "hardware":
         overrides = tuple((f, values.pop(f)) for f in FIGURES if f in values)
         if "gpu" in values:

@@ -129,7 +129,8 @@ text_values = st.one_of(st.sampled_from(NASTY_NUMBERS), st.text(max_size=30),
 # is about bad input, not about big legitimate runs.
 COMMON = ["--qps", "--max-queue-delay-us", "--max-batch-size", "--preferred-batch-size",
           "--max-queue-size", "--timeout-us", "--instances-per-gpu", "--gpu", "--num-gpus",
-          "--price", "--seed", "--slo-ms", "--frontend-workers", "--frontend-cpu-ms"]
+          "--price", "--seed", "--slo-ms", "--frontend-workers", "--frontend-cpu-ms",
+          "--frontend-turn-ms"]
 KV = ["--model", "--kv-dtype", "--weight-dtype", "--context", "--gpu", "--num-gpus", "--tp",
       "--gpu-memory-utilization", "--block-size"]
 COMMANDS: dict[tuple[str, ...], list[str]] = {

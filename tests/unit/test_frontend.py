@@ -29,22 +29,23 @@ def fcfs_departures(arrival_ns: list[int], workers: int, cost_ns: int) -> list[i
     return out
 
 
-def event_loop_departures(arrival_ns: list[int], cost_ns: int) -> list[int]:
+def event_loop_departures(arrival_ns: list[int], cost_ns: int, turn_ns: int = 0) -> list[int]:
     """One loop in turns, written plainly: a turn starts when the loop is free and a
-    request waits, takes every request arrived by then, and hands them on at its end."""
+    request waits, takes every request arrived by then, and hands them on at its end
+    (its own cost plus each request's)."""
     out: list[int] = []
     free, i = 0, 0
     while i < len(arrival_ns):
         start = max(arrival_ns[i], free)
         turn = [a for a in arrival_ns[i:] if a <= start]
-        free = start + len(turn) * cost_ns
+        free = start + turn_ns + len(turn) * cost_ns
         out += [free] * len(turn)
         i += len(turn)
     return out
 
 
 def in_parts(arrival: np.ndarray, cuts: list[int], workers: int, cost_ns: int,
-             event_loop: bool) -> list[int]:
+             event_loop: bool, turn_ns: int = 0) -> list[int]:
     """The front end as simulate runs it: arrivals known a part at a time, more drawn
     when an event loop's turn reaches past them."""
     out = np.zeros(arrival.size, np.int64)
@@ -53,7 +54,7 @@ def in_parts(arrival: np.ndarray, cuts: list[int], workers: int, cost_ns: int,
         known = upto
         while passed < upto:
             passed = frontend_pass(arrival, out, passed, upto, known, n, workers, cost_ns,
-                                   event_loop)
+                                   event_loop, turn_ns)
             known = min(n, known + 1)
     return out.tolist()
 
@@ -72,12 +73,13 @@ def test_the_threads_are_a_first_come_first_served_queue_in_any_parts(gaps, work
 
 @settings(max_examples=200, deadline=None)
 @given(gaps=st.lists(st.integers(0, 3_000), min_size=1, max_size=300),
-       cost_ns=st.integers(1, 5_000), cuts=st.lists(st.floats(0, 1), max_size=4))
-def test_the_event_loop_hands_on_each_turn_whole_in_any_parts(gaps, cost_ns, cuts):
+       cost_ns=st.integers(1, 5_000), turn_ns=st.sampled_from([0, 1, 700, 4_000]),
+       cuts=st.lists(st.floats(0, 1), max_size=4))
+def test_the_event_loop_hands_on_each_turn_whole_in_any_parts(gaps, cost_ns, turn_ns, cuts):
     arrival = np.cumsum(np.asarray(gaps, np.int64))
     at = sorted(int(c * arrival.size) for c in cuts)
-    assert in_parts(arrival, at, 1, cost_ns, True) == event_loop_departures(
-        arrival.tolist(), cost_ns)
+    assert in_parts(arrival, at, 1, cost_ns, True, turn_ns) == event_loop_departures(
+        arrival.tolist(), cost_ns, turn_ns)
 
 
 def base(**over: object):
@@ -136,6 +138,17 @@ def test_an_event_loop_is_one_thread():
     with pytest.raises(InputError, match=r"^\[latency\] frontend_workers = 2: expected 1 with "
                        "frontend_event_loop = true"):
         base(**{"latency.frontend_workers": 2, "latency.frontend_event_loop": True})
+
+
+def test_a_cost_per_turn_is_an_event_loops():
+    with pytest.raises(InputError, match=r"^\[latency\] frontend_turn_ms = 0.5: expected 0 "
+                       "unless frontend_event_loop = true"):
+        base(**{"latency.frontend_workers": 2, "latency.frontend_cpu_ms": 0.1,
+                "latency.frontend_turn_ms": 0.5})
+    for bad in (-1.0, float("nan"), "x"):
+        with pytest.raises(InputError, match=r"frontend_turn_ms"):
+            base(**{"latency.frontend_workers": 1, "latency.frontend_event_loop": True,
+                    "latency.frontend_cpu_ms": 0.1, "latency.frontend_turn_ms": bad})
 
 
 @settings(max_examples=60, deadline=None)

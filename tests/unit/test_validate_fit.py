@@ -370,16 +370,50 @@ def test_the_front_end_takes_its_work_out_of_the_time_outside():
 
 
 def test_the_front_ends_fitted_cost_is_held_to_what_the_profile_saw_it_pass():
-    """The cost read at low load (the server's time beyond queue and compute) is taken as
-    it is, unless the profile's closed loops had more requests a second answered than a
-    front end that slow could pass: then it is held to workers / that rate (a stall in
-    the low-load run read 3 ms where the closed loop had passed 1,000/s)."""
-    from servelab.measure.validate import frontend_cpu_fit
+    """The cost read at low load (the server's time beyond queue and compute) is a
+    request's, unless the profile's closed loops had more requests a second answered
+    than a front end that slow could pass: then a request costs workers / that rate, and
+    an event loop's rest is its cost per turn (threads drop it: a stall)."""
+    from servelab.measure.validate import frontend_fit, frontend_fit_notes
 
     prof = Profile(handling_ms=0.6, closed_loop_per_s=1000.0, frontend_workers=1)
-    assert frontend_cpu_fit(prof) == pytest.approx(0.6)
-    assert frontend_cpu_fit(replace(prof, handling_ms=3.0)) == pytest.approx(1.0)
-    assert frontend_cpu_fit(replace(prof, handling_ms=3.0, frontend_workers=4)) == (
-        pytest.approx(3.0))  # four workers at 3 ms pass 1,333/s
-    assert frontend_cpu_fit(replace(prof, closed_loop_per_s=0.0, handling_ms=3.0)) == 3.0
-    assert frontend_cpu_fit(replace(prof, handling_ms=None)) == 0.0
+    assert frontend_fit(prof) == pytest.approx((0.6, 0.0))
+    assert frontend_fit_notes(replace(prof, frontend_cpu_ms=0.6)) == []
+    threads = replace(prof, handling_ms=3.0)
+    assert frontend_fit(threads) == pytest.approx((1.0, 0.0))
+    assert "left out" in frontend_fit_notes(replace(threads, frontend_cpu_ms=1.0))[0]
+    loop = replace(threads, frontend_event_loop=True)
+    assert frontend_fit(loop) == pytest.approx((1.0, 2.0))  # at low load: 3.0 a request
+    note = frontend_fit_notes(replace(loop, frontend_cpu_ms=1.0, frontend_turn_ms=2.0))
+    assert "2.000 ms a turn" in note[0]
+    assert frontend_fit(replace(threads, frontend_workers=4)) == (
+        pytest.approx((3.0, 0.0)))  # four workers at 3 ms pass 1,333/s
+    assert frontend_fit(replace(threads, closed_loop_per_s=0.0)) == (3.0, 0.0)
+    assert frontend_fit(replace(prof, handling_ms=None)) == (0.0, 0.0)
+
+
+def test_an_event_loops_turn_cost_is_shared_under_load():
+    """A turn of k requests takes turn + k x cpu: at low load (a request a turn) the
+    station adds turn + cpu to each request, as the fit's low-load cost; offered more
+    than 1 / (turn + cpu) it still keeps up, the turns growing, where a station of
+    turn + cpu a request would not."""
+    from servelab.api import run_simulate
+    from servelab.scenario import scenario_from_dict
+
+    def frontend_ms(qps: float, **lat: object) -> tuple[float, list[str]]:
+        s = scenario_from_dict({
+            "workload": {"qps": qps, "arrival": "poisson", "num_requests": 20_000},
+            "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 500},
+            "model": {"kind": "profile", "points": [[1, 0.05], [8, 0.1]]},
+            "latency": {"frontend_workers": 1, "frontend_event_loop": True, **lat}},
+            base_dir=None)
+        r = run_simulate(s)
+        return r.latency.components["frontend"].mean_ms, r.notes
+
+    low, _ = frontend_ms(10.0, frontend_cpu_ms=0.2, frontend_turn_ms=0.6)
+    assert low == pytest.approx(0.8, rel=0.05)
+    shared, notes = frontend_ms(2000.0, frontend_cpu_ms=0.2, frontend_turn_ms=0.6)
+    assert shared < 5.0
+    assert not any("cannot keep up" in n for n in notes)
+    whole, notes = frontend_ms(2000.0, frontend_cpu_ms=0.8)
+    assert any("cannot keep up" in n for n in notes), (whole, notes)

@@ -257,7 +257,8 @@ class Simulation:
 
 @njit(cache=True, nogil=True)
 def frontend_pass(arrival_ns: np.ndarray, out_ns: np.ndarray, lo: int, hi: int, known: int,
-                  total: int, workers: int, cost_ns: int, event_loop: bool) -> int:
+                  total: int, workers: int, cost_ns: int, event_loop: bool,
+                  turn_ns: int = 0) -> int:
     """Requests lo..hi-1 (and perhaps a few more) through the front end, each taking
     `cost_ns` of a worker: `out_ns` gets the instant each leaves it. `known` arrivals are
     drawn of `total`. Returns the first request not yet through: `hi` or more, or less
@@ -272,7 +273,8 @@ def frontend_pass(arrival_ns: np.ndarray, out_ns: np.ndarray, lo: int, hi: int, 
     An event loop (one worker): a turn starts at the first waiting request's arrival or
     at the last turn's end, whichever is later, takes every request that has arrived by
     then, handles them one after another, and hands them on together at its end (the
-    loop releases the interpreter to the batcher only between turns).
+    loop releases the interpreter to the batcher only between turns). A turn of k
+    requests takes `turn_ns` + k x `cost_ns`.
 
     Earlier departures are read from `out_ns`, so the front end runs a part of the
     arrivals at a time.
@@ -293,7 +295,7 @@ def frontend_pass(arrival_ns: np.ndarray, out_ns: np.ndarray, lo: int, hi: int, 
             j += 1
         if j == known and known < total:
             return i  # the turn may take arrivals not drawn yet
-        free = start + (j - i) * cost_ns
+        free = start + turn_ns + (j - i) * cost_ns
         for k in range(i, j):
             out_ns[k] = free
         i = j
@@ -361,6 +363,7 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     lat = s.latency
     # With a front-end station the batcher sees each request when it leaves the station.
     cost_ns = round(lat.frontend_cpu_ms * 1e6) if lat.frontend else 0
+    turn_ns = round(lat.frontend_turn_ms * 1e6) if lat.frontend else 0
     at_batcher = np.empty(n, np.int64) if cost_ns else arrivals.ns
     passed = [0]  # requests through the front end (all checked) so far
 
@@ -370,11 +373,11 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
         while passed[0] < upto:
             # every arrival known so far; a front end adds at most its cost to each
             known = arrivals.drawn if cost_ns else upto
-            check_time_range(int(arrivals.ns[known - 1]), known, slowest_ns + cost_ns,
-                             policy, n)
+            check_time_range(int(arrivals.ns[known - 1]), known,
+                             slowest_ns + cost_ns + turn_ns, policy, n)
             passed[0] = upto if not cost_ns else frontend_pass(
                 arrivals.ns, at_batcher, passed[0], upto, known, n, lat.frontend_workers,
-                cost_ns, lat.frontend_event_loop)
+                cost_ns, lat.frontend_event_loop, turn_ns)
             if passed[0] < upto:  # an event loop's turn reaches past the arrivals drawn
                 arrivals.draw(known + max(known, 1024))
 

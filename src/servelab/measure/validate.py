@@ -361,8 +361,9 @@ class Profile:
     frontend_workers: int = 0
     frontend_cpu_ms: float = 0.0
     frontend_event_loop: bool = False
+    frontend_turn_ms: float = 0.0  # an event loop's cost per turn (see frontend_fit)
     # The most one-row requests a second any closed loop of the profile had answered: its
-    # front end carried them, which bounds the front end's cost (see frontend_cpu_fit).
+    # front end carried them, which bounds the front end's cost (see frontend_fit).
     closed_loop_per_s: float = 0.0
     probe: Probe | None = None  # one-row batches, one client, just after profiling
     notes: list[str] = field(default_factory=list)
@@ -385,7 +386,8 @@ class Profile:
             "handling_ms_at_low_load": self.handling_ms,
             "closed_loop_per_s": self.closed_loop_per_s,
             "frontend": {"workers": self.frontend_workers, "cpu_ms": self.frontend_cpu_ms,
-                         "event_loop": self.frontend_event_loop},
+                         "event_loop": self.frontend_event_loop,
+                         "turn_ms": self.frontend_turn_ms},
             "probe_ms": None if self.probe is None else self.probe.exec_ms,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "host_cpu_steal": self.host_cpu_steal,
@@ -638,21 +640,42 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
     if outside and prof.frontend_workers and prof.frontend_cpu_ms:
         raw["latency"].update(frontend_workers=prof.frontend_workers,
                               frontend_cpu_ms=round(prof.frontend_cpu_ms, 6),
-                              frontend_event_loop=prof.frontend_event_loop)
+                              frontend_event_loop=prof.frontend_event_loop,
+                              frontend_turn_ms=round(prof.frontend_turn_ms, 6)
+                              if prof.frontend_event_loop else 0.0)
     return scenario_from_dict(raw, base_dir=None)
 
 
-def frontend_cpu_fit(prof: Profile) -> float:
-    """A request's work in the server's front end: the server's own time per request
-    beyond queue and compute at low load (its statistics), else none; at most what lets
-    `prof.frontend_workers` workers pass the requests a second the profile's closed loops
-    had answered (they went through it), since a stall in the low-load run (a busy
-    machine: a CI run read a cost the server's closed loop had beaten by a third) would
-    otherwise make a station slower than the server measured."""
+def frontend_fit(prof: Profile) -> tuple[float, float]:
+    """(ms a request, ms a turn) of the server's front end. At low load a request costs
+    the server's own time per request beyond queue and compute (its statistics), else
+    nothing. The profile's closed loops had more requests a second answered through the
+    front end than that cost may allow (`prof.frontend_workers` / cost): then a request
+    costs at most workers / that rate. For threads the rest is dropped (a stall in the
+    low-load run: a busy CI run read 2.5 ms where the closed loop passed far more). For
+    an event loop the rest is its cost per turn (its poll and wake-up): at low load a
+    turn carries one request and costs both, under load many share it, as the closed
+    loops saw."""
     cost = prof.handling_ms or 0.0
-    if prof.frontend_workers and prof.closed_loop_per_s > 0:
-        cost = min(cost, prof.frontend_workers * 1000.0 / prof.closed_loop_per_s)
-    return cost
+    if not prof.frontend_workers or prof.closed_loop_per_s <= 0:
+        return cost, 0.0
+    per_request = min(cost, prof.frontend_workers * 1000.0 / prof.closed_loop_per_s)
+    return per_request, (cost - per_request if prof.frontend_event_loop else 0.0)
+
+
+def frontend_fit_notes(prof: Profile) -> list[str]:
+    """What `frontend_fit` did with the low-load cost, when the closed loops bounded it."""
+    if prof.handling_ms is None or prof.frontend_cpu_ms >= prof.handling_ms:
+        return []
+    said = (f"the server's own time per request beyond queue and compute at low load read "
+            f"{prof.handling_ms:.3f} ms, more than a request may take in its front end to "
+            f"pass the {prof.closed_loop_per_s:.0f} requests/s its closed loops had "
+            f"answered: {prof.frontend_cpu_ms:.3f} ms a request")
+    if prof.frontend_event_loop:
+        return [said + f" and {prof.frontend_turn_ms:.3f} ms a turn of the event loop "
+                "(shared by the requests a turn carries under load)"]
+    return [said + "; the rest is left out (a stall in the low-load run: measure on a "
+            "quieter machine, or give --frontend-cpu-ms)"]
 
 
 def outside_after_frontend(prof: Profile) -> list[float]:
@@ -661,7 +684,8 @@ def outside_after_frontend(prof: Profile) -> list[float]:
     so at low load the two together give the measured time outside again."""
     if not prof.outside_ms.size:
         return [0.0]
-    cpu = prof.frontend_cpu_ms if prof.frontend_workers else 0.0
+    cpu = (prof.frontend_cpu_ms + (prof.frontend_turn_ms if prof.frontend_event_loop
+                                   else 0.0)) if prof.frontend_workers else 0.0
     return [round(max(float(x) - cpu, 0.001), 4) for x in prof.outside_ms]
 
 
@@ -960,7 +984,9 @@ def notes_for(rows: list[RateCheck], prof: Profile | None = None) -> list[str]:
     else:
         notes.append(f"the server's front end is a station of {prof.frontend_workers} "
                      f"worker(s){' (an event loop)' if prof.frontend_event_loop else ''} at "
-                     f"{prof.frontend_cpu_ms:.3f} ms a request, before the batcher; the "
+                     f"{prof.frontend_cpu_ms:.3f} ms a request"
+                     + (f" and {prof.frontend_turn_ms:.3f} ms a turn"
+                        if prof.frontend_turn_ms else "") + ", before the batcher; the "
                      "rest of the time outside (client, network) is measured at low load and "
                      "does not grow with the rate")
     if prof is not None:
@@ -1095,7 +1121,7 @@ class ValidationSpec:
     server_cpus: tuple[int, ...] | None = None
     client_cpus: tuple[int, ...] | None = None
     frontend_workers: int | None = None  # None: 1 with --serve (servelab's gateway), else 0
-    frontend_cpu_ms: float | None = None  # None: fitted (see frontend_cpu_fit)
+    frontend_cpu_ms: float | None = None  # None: fitted (see frontend_fit)
     frontend_event_loop: bool | None = None  # None: with --serve (the gateway's asyncio loop)
 
     def __post_init__(self) -> None:
@@ -1230,23 +1256,20 @@ def run_validation(spec: ValidationSpec, *,
         closed_prof.frontend_workers = (spec.frontend_workers if spec.frontend_workers
                                         is not None else int(spec.serve is not None))
         if closed_prof.frontend_workers:
-            closed_prof.frontend_cpu_ms = (spec.frontend_cpu_ms if spec.frontend_cpu_ms
-                                           is not None else frontend_cpu_fit(closed_prof))
-            if (spec.frontend_cpu_ms is None and closed_prof.handling_ms is not None
-                    and closed_prof.frontend_cpu_ms < closed_prof.handling_ms):
-                closed_prof.notes.append(
-                    f"the server's own time per request beyond queue and compute at low "
-                    f"load read {closed_prof.handling_ms:.3f} ms, more than its front end "
-                    f"can take to pass the {closed_prof.closed_loop_per_s:.0f} requests/s "
-                    "its closed loops had answered; the front end's cost is held to "
-                    f"{closed_prof.frontend_cpu_ms:.3f} ms (a stall in the low-load run: "
-                    "measure on a quieter machine, or give --frontend-cpu-ms)")
             closed_prof.frontend_event_loop = closed_prof.frontend_workers == 1 and (
                 spec.frontend_event_loop if spec.frontend_event_loop is not None
                 else spec.serve is not None)
+            if spec.frontend_cpu_ms is not None:
+                closed_prof.frontend_cpu_ms = spec.frontend_cpu_ms
+            else:
+                closed_prof.frontend_cpu_ms, closed_prof.frontend_turn_ms = frontend_fit(
+                    closed_prof)
+                closed_prof.notes.extend(frontend_fit_notes(closed_prof))
             say(f"validate: front end {closed_prof.frontend_workers} worker(s)"
                 f"{' (an event loop)' if closed_prof.frontend_event_loop else ''}, "
-                f"{closed_prof.frontend_cpu_ms:.3f} ms a request")
+                f"{closed_prof.frontend_cpu_ms:.3f} ms a request"
+                + (f", {closed_prof.frontend_turn_ms:.3f} ms a turn"
+                   if closed_prof.frontend_turn_ms else ""))
         sat = closed = None
         calibration: dict[int, tuple[int, int]] = {}
         grid = list(spec.rates) if spec.rates is not None else None
