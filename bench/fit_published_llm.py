@@ -3,6 +3,9 @@ in servelab/data/published_llm.toml, then print every case, fit and hold-out.
 
     python bench/fit_published_llm.py             # fit from the current defaults, print
     python bench/fit_published_llm.py --table     # the table for the current defaults
+    # one constant, on the one case that depends on it (the others hold their values)
+    python bench/fit_published_llm.py --only nccl_allreduce_latency_us \
+        --cases vllm-70b-a100pcie-tp4-r1
 
 The fit (servelab.llm.fit: Nelder-Mead on the mean squared log error of the TTFT and TPOT
 medians and output tokens/s) takes ~3 s an evaluation here. Its result is copied by hand
@@ -18,7 +21,7 @@ import time
 import numpy as np
 
 from servelab.llm.fit import BOUNDS, fit
-from servelab.llm.published import Row, cases, compare, to_run
+from servelab.llm.published import Row, cases, compare, to_runs
 from servelab.llm.serving import StepParams
 
 
@@ -33,6 +36,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--table", action="store_true", help="print only, do not fit")
     ap.add_argument("--max-evals", type=int, default=400)
+    ap.add_argument("--only", nargs="+", metavar="NAME", choices=[n for n, _, _ in BOUNDS],
+                    help="fit only these constants, the others held at their defaults "
+                         "(e.g. one a new case alone depends on)")
+    ap.add_argument("--cases", nargs="+", metavar="ID",
+                    help="fit on these \"fit\" cases only (default: all of them)")
     a = ap.parse_args()
     params = StepParams()
     if not a.table:
@@ -43,10 +51,12 @@ def main() -> None:
                 print(f"  {k} evaluations, loss {loss:.5f} ({time.perf_counter() - t0:.0f} s)",
                       flush=True)
 
-        runs = [to_run(c) for c in cases() if c.use == "fit" and c.figures()]
+        # a small case is fitted on each of its draws (llm/published.py: draws)
+        runs = [r for c in cases() if c.use == "fit" and c.figures()
+                and (not a.cases or c.id in a.cases) for r in to_runs(c)]
         # every constant but the overlap: fitted free (p within 1-8) it went to 8, the
         # max() that is its default
-        names = [n for n, _, _ in BOUNDS if n != "overlap"]
+        names = a.only or [n for n, _, _ in BOUNDS if n != "overlap"]
         res = fit(runs, params, names, a.max_evals, progress)
         params = res.params
         print(f"fitted in {res.evaluations} evaluations: rms log error {res.rms_log_error:.4f}")

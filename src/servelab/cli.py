@@ -316,6 +316,7 @@ PfOverheadOpt = Annotated[float | None, option("llm.prefill_first_overhead_ms")]
 PerSeqOpt = Annotated[float | None, option("llm.per_seq_ms")]
 OverlapOpt = Annotated[float | None, option("llm.overlap")]
 ArLatOpt = Annotated[float | None, option("llm.allreduce_latency_us")]
+NcclLatOpt = Annotated[float | None, option("llm.nccl_allreduce_latency_us")]
 FrontOpt = Annotated[float | None, option("llm.frontend_ms")]
 ReplicaTpOpt = Annotated[int | None, option("llm.tp", help="GPUs per replica "
                                                      "(tensor-parallel size).")]
@@ -355,7 +356,8 @@ def llm_simulate(
     compute_efficiency: CompEffOpt = None, memory_efficiency: MemEffOpt = None,
     overhead_ms: OverheadOpt = None, prefill_first_overhead_ms: PfOverheadOpt = None,
     per_seq_ms: PerSeqOpt = None, overlap: OverlapOpt = None,
-    allreduce_latency_us: ArLatOpt = None, frontend_ms: FrontOpt = None,
+    allreduce_latency_us: ArLatOpt = None,
+    nccl_allreduce_latency_us: NcclLatOpt = None, frontend_ms: FrontOpt = None,
     step_profile: StepProfileOpt = None, num_gpu_blocks_override: BlocksOverrideOpt = None,
     seed: LlmSeedOpt = 0, save_result: SaveResultOpt = None, goodput: GoodputOpt = None,
     as_json: JsonOpt = False,

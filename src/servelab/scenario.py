@@ -741,6 +741,10 @@ class LlmPool:
     allreduce_latency_us: float | None = spec(None, _opt(_num(0, 100_000)), "Fixed time of "
                                               "each tensor-parallel all-reduce.", unit="µs",
                                               flags=("--allreduce-latency-us",))
+    nccl_allreduce_latency_us: float | None = spec(
+        None, _opt(_num(0, 100_000)), "The same where vLLM all-reduces through NCCL (more "
+        "than two GPUs joined only by PCIe).", unit="µs",
+        flags=("--nccl-allreduce-latency-us",))
     frontend_ms: float | None = spec(None, _opt(_num(0, 60_000)), "Time a request spends "
                                      "outside the steps (HTTP, tokenizing), added to TTFT and "
                                      "end-to-end latency.", unit="ms",

@@ -16,7 +16,14 @@ from servelab.llm.serving import StepParams
 HOLD_OUT_BOUND = 0.15  # the issue's bar: medians and saturated throughput within 15%
 # Hold-out figures that miss the bar today, with the bound they do hold and why; the
 # table in docs/llm.md shows them too. Empty means every hold-out figure meets 15%.
-KNOWN_MISSES: dict[tuple[str, str], float] = {}
+KNOWN_MISSES: dict[tuple[str, str], float] = {
+    # Llama 3.3 70B on four A100 PCIe at 4/s: the TPOT holds (-2%) but TTFT is 21% short,
+    # and the fit case at 1/s leaves TTFT 13% short against TPOT 14% long: with one NCCL
+    # latency the model cannot make both. Fitting the link's bandwidth as well made the
+    # 4/s case worse (+36..+43%), so it is not the all-reduce's size; what else slows this
+    # deployment's prefill is not known from one source.
+    ("vllm-70b-a100pcie-tp4-r4", "ttft_p50_ms"): 0.25,
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +87,7 @@ def test_every_configuration_is_covered_by_a_hold_out(rows):  # type: ignore[no-
     assert ("llama-3.1-8b", "A100-80GB", 1) in held
     assert ("llama-3.1-70b", "H100-SXM", 4) in held
     assert ("llama-3.1-8b", "A100-40GB", 1) in held  # vLLM V1's closed loop
+    assert ("llama-3.1-70b", "A100-PCIe", 4) in held  # through NCCL (PCIe)
 
 
 def test_a_case_runs_as_its_source_ran_it():

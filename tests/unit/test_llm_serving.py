@@ -4,6 +4,7 @@ whose times are known exactly, and properties over random workloads."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -338,6 +339,27 @@ def test_tensor_parallel_all_reduce_hand_worked():
                         "allreduces_per_step": 0})
     assert step.step_s(1000, 0.0, 0.0) - bare.step_s(1000, 0.0, 0.0) == pytest.approx(
         step.allreduce_s(1000))
+
+
+def test_more_than_two_pcie_gpus_all_reduce_through_nccl():
+    """vLLM's own all-reduce kernel runs on NVLink, or on two PCIe GPUs; more than two
+    PCIe-only GPUs fall back to NCCL (custom_all_reduce.py), whose latency is its own."""
+    from servelab.catalog import get_gpu
+    from servelab.llm.serving import StepParams, nccl_allreduce
+
+    p = StepParams(allreduce_latency_us=10.0, nccl_allreduce_latency_us=100.0)
+    pcie, nvlink = get_gpu("A100-PCIe"), get_gpu("A100-80GB")
+    assert pcie.interconnect_gbps is not None
+    assert pcie.interconnect_gbps < 100
+    assert not nccl_allreduce(1, pcie)
+    assert not nccl_allreduce(2, pcie)
+    assert nccl_allreduce(4, pcie)
+    assert not nccl_allreduce(4, nvlink)
+    for gpu, tp, want in ((pcie, 2, 10e-6), (pcie, 4, 100e-6), (nvlink, 4, 10e-6)):
+        spec = _spec("llama-3-70b", tp, gpu.key)
+        assert StepModel.roofline(spec, p).allreduce_latency_s == pytest.approx(want)
+    # an NVLink bridge given as [hardware] interconnect_gbps = 300 is NVLink again
+    assert not nccl_allreduce(4, replace(pcie, interconnect_gbps=300.0))
 
 
 def _write_profile(path, rows):  # type: ignore[no-untyped-def]

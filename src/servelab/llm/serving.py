@@ -39,7 +39,8 @@ Step time (``StepModel``), per GPU of a tensor-parallel group:
   A mixture of experts counts its active parameters for FLOPs (those a token is routed
   through) and all of them for bytes. With tp > 1, each layer's two all-reduces add
   2 x layers x (latency + 2 (tp - 1) / tp x tokens x hidden x 2 bytes / (link bandwidth x
-  link efficiency)), not overlapped with compute.
+  link efficiency)), not overlapped with compute. The latency is vLLM's own all-reduce
+  kernel's, or NCCL's where vLLM falls back to it (more than two PCIe-only GPUs).
   Each request also spends `frontend_ms` outside the steps (HTTP, tokenizing), added to
   its TTFT and end-to-end latency. The constants (``StepParams``) are fitted to published
   vLLM and SGLang runs (llm/published.py, bench/fit_published_llm.py); `llm fit` fits
@@ -94,6 +95,18 @@ PREFILL_FIRST_OVERHEAD_MS = 2.207  # a step of vLLM 0.6.0 (multi-step) and SGLan
 PER_SEQ_MS = 0.01683
 OVERLAP = math.inf
 ALLREDUCE_LATENCY_US = 37.91  # each of a step's 2 x layers all-reduces, H100 NVLink, tp 4
+# vLLM's own (custom) all-reduce kernel needs NVLink between every pair of GPUs, or at most
+# two GPUs: "Custom allreduce is disabled because it's not supported on more than two
+# PCIe-only GPUs" (vllm/distributed/device_communicators/custom_all_reduce.py), and NCCL
+# does the all-reduces instead. Its latency, fitted 2026-12-03 to the one published case
+# on that path (Llama 3.3 70B, tp 4 on four A100 PCIe, ShareGPT at 1/s, the "fit" case
+# vllm-70b-a100pcie-tp4-r1 in servelab/data/published_llm.toml; bench/fit_published_llm.py
+# --only nccl_allreduce_latency_us --cases vllm-70b-a100pcie-tp4-r1, 145-147 us from starts
+# of 38, 147 and 250). Fitting the link's efficiency beside it put the held-out 4/s case
+# at +36..+43%, so the bandwidth term stays as it is.
+NCCL_ALLREDUCE_LATENCY_US = 147.0
+# a GPU-to-GPU link below this (GB/s, one direction) is PCIe: NVLink starts at 150
+PCIE_MAX_GBPS = 100.0
 FRONTEND_MS = 10.95  # a request outside the steps: HTTP, tokenizing, the first detokenize
 Z99 = 2.3263478740408408
 
@@ -112,6 +125,8 @@ class StepParams:
     per_seq_ms: float = PER_SEQ_MS
     overlap: float = OVERLAP
     allreduce_latency_us: float = ALLREDUCE_LATENCY_US
+    # the same through NCCL: more than two GPUs joined only by PCIe (`nccl_allreduce`)
+    nccl_allreduce_latency_us: float = NCCL_ALLREDUCE_LATENCY_US
     link_efficiency: float = 0.7
     # Outside the steps: HTTP, tokenizing, queuing for the engine loop, the first token's
     # detokenizing. Added to each request's TTFT and end-to-end latency (`llm validate`
@@ -128,6 +143,8 @@ class StepParams:
                                 ("--overlap", self.overlap, 1.0, math.inf),
                                 ("--allreduce-latency-us", self.allreduce_latency_us, 0.0,
                                  1e5),
+                                ("--nccl-allreduce-latency-us",
+                                 self.nccl_allreduce_latency_us, 0.0, 1e5),
                                 ("--link-efficiency", self.link_efficiency, 1e-3, 1.0),
                                 ("--frontend-ms", self.frontend_ms, 0.0, 60_000.0)):
             if math.isnan(v) or not lo <= v <= hi:
@@ -232,8 +249,16 @@ class StepModel:
             allreduce_bytes_per_token=2.0 * m.hidden_size,  # bf16 activations
             link_bytes_per_s=(g.interconnect_gbps or 0.0) * 1e9,
             link_efficiency=p.link_efficiency,
-            allreduce_latency_s=p.allreduce_latency_us / 1e6,
+            allreduce_latency_s=(p.nccl_allreduce_latency_us if nccl_allreduce(tp, g)
+                                 else p.allreduce_latency_us) / 1e6,
         )
+
+
+def nccl_allreduce(tp: int, gpu: Any) -> bool:
+    """Whether vLLM all-reduces through NCCL rather than its own kernel: more than two GPUs
+    joined only by PCIe (a link under PCIE_MAX_GBPS). Pairs of GPUs joined by NVLink bridges
+    are not a full mesh either, but the catalog cannot tell them from NVLink."""
+    return tp > 2 and (gpu.interconnect_gbps or 0.0) < PCIE_MAX_GBPS
 
 
 PROFILE_COLUMNS = ("prefill_tokens", "decode_seqs", "kv_tokens_read", "step_ms")
@@ -815,6 +840,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                  + (f"; {spec.tp}-way all-reduces at {spec.gpu.interconnect_gbps:g} GB/s"
                            f", {model.link_efficiency:g} efficiency, "
                            f"{model.allreduce_latency_s * 1e6:g} us each"
+                           + (" (through NCCL: vLLM's own kernel needs NVLink beyond two "
+                              "GPUs)" if nccl_allreduce(spec.tp, spec.gpu) else "")
                            if spec.tp > 1 else "") + ")"]
         if spec.model.active_parameters:
             notes.append(f"mixture of experts: FLOPs count the "
