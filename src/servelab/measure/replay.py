@@ -157,12 +157,13 @@ def trace_batches(tr: TraceRequests) -> TraceBatches:
 
 
 def measured_batches(tr: TraceRequests, max_batch_size: int, delay_ns: int,
-                     instances: int = 1) -> MeasuredBatches:
+                     instances: int = 1, tb: TraceBatches | None = None) -> MeasuredBatches:
     """The mean measured compute of batches of each size, the instance's turnaround after
     each size, and each batch's spread around its size's mean. The turnaround is read
     between consecutive batches, so only with one instance (with more, a trace does not
-    say which batch followed which on an instance): 0 otherwise."""
-    tb = trace_batches(tr)
+    say which batch followed which on an instance): 0 otherwise. `tb`: the trace's
+    batches, when already read."""
+    tb = tb if tb is not None else trace_batches(tr)
     if tb.size.max() > max_batch_size:
         raise InputError(f"--max-batch-size = {max_batch_size}: the trace has a batch of "
                          f"{int(tb.size.max())} requests; fix: the model's max_batch_size")
@@ -179,8 +180,8 @@ def measured_batches(tr: TraceRequests, max_batch_size: int, delay_ns: int,
                            (dur + turn[tb.size]) / table[tb.size])
 
 
-def race_share(tr: TraceRequests, max_batch_size: int, delay_ns: int, instances: int = 1
-               ) -> tuple[float, int]:
+def race_share(tr: TraceRequests, max_batch_size: int, delay_ns: int, instances: int = 1,
+               tb: TraceBatches | None = None) -> tuple[float, int]:
     """(share, completions judged): how often the batcher thread grew the waiting payload
     at a completion, before the freed instance took it, read from the trace's own events.
 
@@ -194,8 +195,8 @@ def race_share(tr: TraceRequests, max_batch_size: int, delay_ns: int, instances:
     their delay closes at once); the earliest request after the close is left out, since
     the rule lets one arrival join a payload closed that way. Only with one instance
     (with more, the trace does not say which batch an instance ran
-    next): (0, 0) otherwise."""
-    tb = trace_batches(tr)
+    next): (0, 0) otherwise. `tb`: the trace's batches, when already read."""
+    tb = tb if tb is not None else trace_batches(tr)
     if instances != 1 or tb.size.size < 2:
         return 0.0, 0
     order = np.argsort(tr.queue_ns, kind="stable")
@@ -242,10 +243,11 @@ def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[st
     the share of races the batcher thread won as read from the trace (`race_share`)."""
     mbs = policy.max_batch_size
     delay_ns = policy.max_queue_delay_microseconds * 1000
-    mb = measured_batches(tr, mbs, delay_ns, instances)
+    tb = trace_batches(tr)
+    mb = measured_batches(tr, mbs, delay_ns, instances, tb)
     table, spread = mb.table_ns, mb.spread
     measured = summarize(tr.queue_ns, tr.start_ns, tr.end_ns, mbs)
-    share, judged = race_share(tr, mbs, delay_ns, instances)
+    share, judged = race_share(tr, mbs, delay_ns, instances, tb)
     share = round(share, 3)
     raced = replace(policy, batcher_first=share)
     rules: dict[str, Any] = {}
