@@ -739,7 +739,8 @@ class LlmPool:
                                  "compute and memory sides (large: the max).",
                                  flags=("--overlap",))
     allreduce_latency_us: float | None = spec(None, _opt(_num(0, 100_000)), "Fixed time of "
-                                              "each tensor-parallel all-reduce.", unit="µs",
+                                              "each of a tensor-parallel all-reduce's "
+                                              "2 (tp - 1) ring steps.", unit="µs",
                                               flags=("--allreduce-latency-us",))
     nccl_allreduce_latency_us: float | None = spec(
         None, _opt(_num(0, 100_000)), "The same where vLLM all-reduces through NCCL (more "

@@ -88,6 +88,7 @@ def test_every_configuration_is_covered_by_a_hold_out(rows):  # type: ignore[no-
     assert ("llama-3.1-70b", "H100-SXM", 4) in held
     assert ("llama-3.1-8b", "A100-40GB", 1) in held  # vLLM V1's closed loop
     assert ("llama-3.1-70b", "A100-PCIe", 4) in held  # through NCCL (PCIe)
+    assert ("llama-3.1-8b", "A100-80GB", 2) in held  # tensor parallel 2 (NVLink)
 
 
 def test_a_case_runs_as_its_source_ran_it():

@@ -322,15 +322,15 @@ def test_a_dense_model_has_no_active_share():
 
 def test_tensor_parallel_all_reduce_hand_worked():
     """Llama 3 70B (80 layers, hidden 8192) on 4 H100s (450 GB/s a direction): each of the
-    160 all-reduces a step moves 2 x 3/4 x tokens x 8192 x 2 bytes at 0.7 x 450 GB/s, plus
-    6 us."""
+    160 all-reduces a step is a ring of 2 x 3 steps, each moving tokens x 8192 x 2 / 4
+    bytes at 0.7 x 450 GB/s after 6 us."""
     from servelab.llm.serving import StepParams
 
     step = StepModel.roofline(_spec("llama-3-70b", 4),
                               StepParams(allreduce_latency_us=6.0, link_efficiency=0.7))
     assert step.allreduces_per_step == 160
     for tokens in (1, 1000):
-        per = 6e-6 + 1.5 * tokens * 8192 * 2 / (0.7 * 450e9)
+        per = 6 * (6e-6 + tokens * 8192 * 2 / 4 / (0.7 * 450e9))
         assert step.allreduce_s(tokens) == pytest.approx(160 * per, rel=1e-12)
     one = StepModel.roofline(_spec("llama-3.1-8b", 1))
     assert one.allreduce_s(1000) == 0.0  # one GPU: nothing to reduce
@@ -355,7 +355,8 @@ def test_more_than_two_pcie_gpus_all_reduce_through_nccl():
     assert not nccl_allreduce(2, pcie)
     assert nccl_allreduce(4, pcie)
     assert not nccl_allreduce(4, nvlink)
-    for gpu, tp, want in ((pcie, 2, 10e-6), (pcie, 4, 100e-6), (nvlink, 4, 10e-6)):
+    # a ring of 2 (tp - 1) steps, each at the latency of its kind
+    for gpu, tp, want in ((pcie, 2, 2 * 10e-6), (pcie, 4, 6 * 100e-6), (nvlink, 4, 6 * 10e-6)):
         spec = _spec("llama-3-70b", tp, gpu.key)
         assert StepModel.roofline(spec, p).allreduce_latency_s == pytest.approx(want)
     # an NVLink bridge given as [hardware] interconnect_gbps = 300 is NVLink again

@@ -38,9 +38,10 @@ Step time (``StepModel``), per GPU of a tensor-parallel group:
           + per_seq per scheduled sequence.
   A mixture of experts counts its active parameters for FLOPs (those a token is routed
   through) and all of them for bytes. With tp > 1, each layer's two all-reduces add
-  2 x layers x (latency + 2 (tp - 1) / tp x tokens x hidden x 2 bytes / (link bandwidth x
-  link efficiency)), not overlapped with compute. The latency is vLLM's own all-reduce
-  kernel's, or NCCL's where vLLM falls back to it (more than two PCIe-only GPUs).
+  2 x layers x 2 (tp - 1) x (latency + tokens x hidden x 2 bytes / tp / (link bandwidth x
+  link efficiency)), not overlapped with compute: a ring all-reduce's 2 (tp - 1) steps.
+  The latency of a step is vLLM's own all-reduce kernel's, or NCCL's where vLLM falls
+  back to it (more than two PCIe-only GPUs).
   Each request also spends `frontend_ms` outside the steps (HTTP, tokenizing), added to
   its TTFT and end-to-end latency. The constants (``StepParams``) are fitted to published
   vLLM and SGLang runs (llm/published.py, bench/fit_published_llm.py); `llm fit` fits
@@ -94,17 +95,23 @@ OVERHEAD_MS = 0.6435  # a step of vLLM V1 (0.21-0.23), from its batch-1 runs
 PREFILL_FIRST_OVERHEAD_MS = 2.207  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
 PER_SEQ_MS = 0.01683
 OVERLAP = math.inf
-ALLREDUCE_LATENCY_US = 37.91  # each of a step's 2 x layers all-reduces, H100 NVLink, tp 4
+# A ring all-reduce over tp GPUs takes 2 (tp - 1) steps, each a latency plus its share of
+# the bytes (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+# workstations", JPDC 2009; NCCL's and vLLM's kernels differ, the count of steps stands
+# for how the synchronisation grows with the group). The latency of one step, fitted
+# 2026-12-01 as 37.91 us a whole all-reduce at tp 4 (H100 NVLink), that over 6 steps:
+ALLREDUCE_LATENCY_US = 6.318
 # vLLM's own (custom) all-reduce kernel needs NVLink between every pair of GPUs, or at most
 # two GPUs: "Custom allreduce is disabled because it's not supported on more than two
 # PCIe-only GPUs" (vllm/distributed/device_communicators/custom_all_reduce.py), and NCCL
 # does the all-reduces instead. Its latency, fitted 2026-12-03 to the one published case
 # on that path (Llama 3.3 70B, tp 4 on four A100 PCIe, ShareGPT at 1/s, the "fit" case
 # vllm-70b-a100pcie-tp4-r1 in servelab/data/published_llm.toml; bench/fit_published_llm.py
-# --only nccl_allreduce_latency_us --cases vllm-70b-a100pcie-tp4-r1, 145-147 us from starts
-# of 38, 147 and 250). Fitting the link's efficiency beside it put the held-out 4/s case
-# at +36..+43%, so the bandwidth term stays as it is.
-NCCL_ALLREDUCE_LATENCY_US = 147.0
+# --only nccl_allreduce_latency_us --cases vllm-70b-a100pcie-tp4-r1: 145-147 us a whole
+# all-reduce at tp 4 from starts of 38, 147 and 250; 24.5 us a step). Fitting the link's
+# efficiency beside it put the held-out 4/s case at +36..+43%, so the bandwidth term
+# stays as it is.
+NCCL_ALLREDUCE_LATENCY_US = 24.5
 # a GPU-to-GPU link below this (GB/s, one direction) is PCIe: NVLink starts at 150
 PCIE_MAX_GBPS = 100.0
 FRONTEND_MS = 10.95  # a request outside the steps: HTTP, tokenizing, the first detokenize
@@ -249,8 +256,9 @@ class StepModel:
             allreduce_bytes_per_token=2.0 * m.hidden_size,  # bf16 activations
             link_bytes_per_s=(g.interconnect_gbps or 0.0) * 1e9,
             link_efficiency=p.link_efficiency,
-            allreduce_latency_s=(p.nccl_allreduce_latency_us if nccl_allreduce(tp, g)
-                                 else p.allreduce_latency_us) / 1e6,
+            allreduce_latency_s=2 * (tp - 1) * (p.nccl_allreduce_latency_us
+                                                if nccl_allreduce(tp, g)
+                                                else p.allreduce_latency_us) / 1e6,
         )
 
 
@@ -906,7 +914,7 @@ def _step_model_dict(model: StepModel | ProfileStepModel) -> dict[str, Any]:
             "compute_efficiency": model.compute_efficiency,
             "memory_efficiency": model.memory_efficiency, "overlap": model.overlap,
             "overhead_ms": model.overhead_s * 1e3, "per_seq_ms": model.per_seq_s * 1e3,
-            "allreduce_latency_us": model.allreduce_latency_s * 1e6}
+            "allreduce_latency_us_each": model.allreduce_latency_s * 1e6}
 
 
 @dataclass(frozen=True, slots=True)
