@@ -23,6 +23,10 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # 4/s case worse (+36..+43%), so it is not the all-reduce's size; what else slows this
     # deployment's prefill is not known from one source.
     ("vllm-70b-a100pcie-tp4-r4", "ttft_p50_ms"): 0.25,
+    # vLLM 0.6.0's 320-prompt burst on two A100s: the gain of tp 2 over tp 1 holds
+    # (+7.7%) but both bursts ran slower than the model (tp 1 +14%, tp 2 +23%), as the
+    # H100 ones did less (+11%, +10%); why, these result files do not say.
+    ("vllm060-8b-a100-tp2-burst", "output_tokens_per_s"): 0.25,
 }
 
 
