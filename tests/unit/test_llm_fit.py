@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servelab.errors import InputError
-from servelab.llm.fit import fit, predict, run_from_vllm_result, vllm_result
+from servelab.llm.fit import default_names, fit, predict, run_from_vllm_result, vllm_result
 from servelab.llm.serving import (
     SchedulerConfig,
     StepModel,
@@ -241,3 +241,27 @@ def test_goodput_counts_requests_meeting_every_slo_as_vllm_does():
     assert request_goodput(per, {"ttft": 200, "tpot": 10}) == pytest.approx(1 / 2.0)
     assert request_goodput(per, {"e2el": 500}) == pytest.approx(1 / 2.0)
     assert request_goodput(per, {"ttft": 1000, "tpot": 30}) == pytest.approx(3 / 2.0)
+
+
+def test_llm_fit_frees_the_all_reduce_latency_the_runs_gpus_use():
+    """One GPU: no all-reduce to fit. tp 2 on PCIe, or any tp on NVLink: vLLM's own
+    kernel's latency. tp 4 on PCIe: NCCL's (vLLM turns its kernel off there)."""
+    from servelab.llm.fit import Run
+    from servelab.llm.serving import Workload
+    from tests.unit.test_llm_serving import _spec
+
+    def run(tp: int, gpu: str, prefill_first: bool = False) -> Run:
+        return Run("r", _spec("llama-3.1-70b", tp, gpu), Workload(request_rate=1.0),
+                   prefill_first,
+                   {"tpot_p50_ms": 10.0})
+
+    base = ["compute_efficiency", "memory_efficiency", "overhead_ms", "per_seq_ms",
+            "frontend_ms"]
+    assert default_names([run(1, "A100-PCIe")]) == base
+    assert default_names([run(2, "A100-PCIe")]) == [*base, "allreduce_latency_us"]
+    assert default_names([run(4, "A100-80GB")]) == [*base, "allreduce_latency_us"]
+    assert default_names([run(4, "A100-PCIe")]) == [*base, "nccl_allreduce_latency_us"]
+    assert default_names([run(2, "A100-PCIe"), run(4, "A100-PCIe")]) == [
+        *base, "allreduce_latency_us", "nccl_allreduce_latency_us"]
+    assert default_names([run(1, "H100-SXM", prefill_first=True)])[2] == (
+        "prefill_first_overhead_ms")

@@ -107,6 +107,16 @@ class FitResult:
     evaluations: int
 
 
+def default_names(runs: Sequence[Run]) -> list[str]:
+    """What `llm fit` frees for a user's runs: USER_FIT, with the step overhead of their
+    engine (a user's runs are of one engine), and the latency of the all-reduce each
+    tensor-parallel run's GPUs use (vLLM's own kernel, or NCCL beyond two PCIe GPUs)."""
+    names = [n if n != "overhead_ms" or not all(r.prefill_first for r in runs)
+             else "prefill_first_overhead_ms" for n in USER_FIT]
+    return names + sorted({"nccl_allreduce_latency_us" if nccl_allreduce(r.spec.tp, r.spec.gpu)
+                           else "allreduce_latency_us" for r in runs if r.spec.tp > 1})
+
+
 def fit(runs: Sequence[Run], start: StepParams | None = None,
         names: Sequence[str] | None = None, max_evals: int = 400,
         progress: Callable[[int, float], None] | None = None) -> FitResult:
@@ -120,13 +130,7 @@ def fit(runs: Sequence[Run], start: StepParams | None = None,
     if not 10 <= max_evals <= MAX_EVALS:
         raise invalid("--max-evals", max_evals, f"10 to {MAX_EVALS:,}", "e.g. --max-evals 300")
     base = start or StepParams()
-    if names is None:  # a user's runs are of one engine: its own step overhead
-        names = [n if n != "overhead_ms" or not all(r.prefill_first for r in runs)
-                 else "prefill_first_overhead_ms" for n in USER_FIT]
-        # the latency of the all-reduce each tensor-parallel run's GPUs use
-        names += sorted({"nccl_allreduce_latency_us" if nccl_allreduce(r.spec.tp, r.spec.gpu)
-                         else "allreduce_latency_us" for r in runs if r.spec.tp > 1})
-    names = tuple(names)
+    names = tuple(default_names(runs) if names is None else names)
     lo = np.array([_RANGE[n][0] for n in names])
     span = np.array([_RANGE[n][1] - _RANGE[n][0] for n in names])
     evals = 0
