@@ -124,3 +124,24 @@ def test_llm_fit_predicts_a_held_out_published_rate_from_the_others():
     for fig, v in held.measured.items():
         assert pred[fig] == pytest.approx(v, rel=HOLD_OUT_BOUND), (fig, pred[fig], v,
                                                                     res.params)
+
+
+def test_the_table_in_the_docs_is_the_one_the_model_gives(rows):  # type: ignore[no-untyped-def]
+    """docs/llm.md's table of every case, as `servelab llm published` prints it: each
+    figure's error there is the error the model gives now (a changed model must update
+    the table, and the README's copy of it)."""
+    from pathlib import Path
+
+    kinds = (("TTFT", "ttft_p50_ms"), ("TPOT", "tpot_p50_ms"),
+             ("output tokens/s", "output_tokens_per_s"),
+             ("tokens/s gain", "output_tokens_per_s_gain"))
+    text = (Path(__file__).resolve().parents[2] / "docs" / "llm.md").read_text("utf-8")
+    documented = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[2] not in ("fit", "hold-out"):
+            continue
+        figure = next(f for label, f in kinds if cells[3].startswith(label))
+        documented[(cells[0], figure)] = cells[6].split()[0].replace("−", "-")
+    now = {(r.case.id, r.figure): f"{r.error * 100:+.1f}%" for r in rows}
+    assert documented == now
