@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.catalog import GpuSpec
 from servelab.errors import invalid
 from servelab.llm.kv import (
     PoolSpec,
@@ -262,7 +263,7 @@ class StepModel:
         )
 
 
-def nccl_allreduce(tp: int, gpu: Any) -> bool:
+def nccl_allreduce(tp: int, gpu: GpuSpec) -> bool:
     """Whether vLLM all-reduces through NCCL rather than its own kernel: more than two GPUs
     joined only by PCIe (a link under PCIE_MAX_GBPS). Pairs of GPUs joined by NVLink bridges
     are not a full mesh either, but the catalog cannot tell them from NVLink."""

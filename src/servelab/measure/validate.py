@@ -641,8 +641,7 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
         raw["latency"].update(frontend_workers=prof.frontend_workers,
                               frontend_cpu_ms=round(prof.frontend_cpu_ms, 6),
                               frontend_event_loop=prof.frontend_event_loop,
-                              frontend_turn_ms=round(prof.frontend_turn_ms, 6)
-                              if prof.frontend_event_loop else 0.0)
+                              frontend_turn_ms=round(prof.frontend_turn_ms, 6))
     return scenario_from_dict(raw, base_dir=None)
 
 
@@ -684,8 +683,8 @@ def outside_after_frontend(prof: Profile) -> list[float]:
     so at low load the two together give the measured time outside again."""
     if not prof.outside_ms.size:
         return [0.0]
-    cpu = (prof.frontend_cpu_ms + (prof.frontend_turn_ms if prof.frontend_event_loop
-                                   else 0.0)) if prof.frontend_workers else 0.0
+    # (frontend_fit gives a cost per turn to an event loop only)
+    cpu = prof.frontend_cpu_ms + prof.frontend_turn_ms if prof.frontend_workers else 0.0
     return [round(max(float(x) - cpu, 0.001), 4) for x in prof.outside_ms]
 
 
