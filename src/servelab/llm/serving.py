@@ -479,8 +479,12 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     def start_of(i: int) -> int:
         return prefix_tok if hit[i] else 0
 
+    # blocks a request's own tokens take beyond the shared prefix's; a request holding
+    # `held` blocks needs none more while its tokens stay within (held + shared[i]) * B
+    shared = [prefix_blocks if h else 0 for h in hit]
+
     def blocks_for(i: int, tokens: int) -> int:
-        return max(0, -(-tokens // B) - (prefix_blocks if hit[i] else 0))
+        return max(0, -(-tokens // B) - shared[i])
 
     def next_send() -> float:
         """When the next request reaches the server, if nothing else happens first."""
@@ -543,11 +547,23 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         preempted = False
         if cfg.prefill_first:
             budget = admit(sched, budget, whole=True)
+        admitted = len(sched)  # sched[:admitted], then the running ones
+        # the step's sizes (what the step model prices): the running requests' counted
+        # as they are scheduled, the admitted ones' below
+        tokens = 0
+        attn = 0.0  # sums of whole numbers: exact in any order
+        kv_read = 0.0
+        decodes = 0
         k = len(running) if sched else 0  # a prefill-only step leaves the decodes waiting
         while k < len(running) and budget > 0:
             i = running[k]
-            new = min(prompt[i] + gen[i] - computed[i], budget)
-            need = blocks_for(i, computed[i] + new) - held[i]
+            c = computed[i]
+            left = new = prompt[i] + gen[i] - c
+            if new > budget:
+                new = budget
+            # the common case, a decode within the blocks it holds, without the division
+            need = (0 if c + new <= (held[i] + shared[i]) * B
+                    else blocks_for(i, c + new) - held[i])
             while need > free:
                 victim = running.pop()  # the most recently admitted
                 free += held[victim]
@@ -565,10 +581,21 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 sched.append((i, new))
                 budget -= new
                 k += 1
+                tokens += new
+                attn += new * c + new * (new + 1) // 2
+                kv_read += c
+                if left == 1 and gen[i] > 0:
+                    decodes += 1
+                else:
+                    prefill_tok += new
                 continue
             break  # this request was preempted itself
         if not preempted and not cfg.prefill_first:
+            before = len(sched)
             budget = admit(sched, budget, whole=not cfg.enable_chunked_prefill)
+            new_ones = sched[before:]
+        else:
+            new_ones = sched[:admitted]
         if not sched:
             if preempted:  # a request preempted itself; the next pass admits afresh
                 steps -= 1
@@ -578,14 +605,10 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 continue
             raise invalid("simulation", "no request can be scheduled", "a pool that fits "
                           "one request", "more KV blocks")
-        tokens = 0
-        attn = 0.0
-        kv_read = 0.0
-        decodes = 0
-        for i, new in sched:
+        for i, new in new_ones:
             c = computed[i]
             tokens += new
-            attn += new * c + new * (new + 1) / 2
+            attn += new * c + new * (new + 1) // 2
             kv_read += c
             if prompt[i] + gen[i] - c == 1 and gen[i] > 0:
                 decodes += 1
@@ -597,12 +620,13 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         busy += dt
         running_sum += len(running)
         for i, new in sched:
-            computed[i] += new
-            if computed[i] == prompt[i] + gen[i]:
-                gen[i] += 1
-                if math.isnan(first[i]):
+            c = computed[i] + new
+            computed[i] = c
+            if c == prompt[i] + gen[i]:
+                g = gen[i] = gen[i] + 1
+                if g == 1:  # a preempted request recomputes; its first token stays
                     first[i] = t
-                if gen[i] >= output[i]:
+                if g >= output[i]:
                     done[i] = t
                     free += held[i]
                     held[i] = 0

@@ -74,6 +74,7 @@ PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-ba
 DECODE_PROMPTS = (32, 448)  # two contexts, so KV read and sequences can be told apart
 DECODE_TOKENS = 48
 DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
+DECODE_EACH_UP_TO = 4  # decode rows at each count 1..this, and at all slots
 DECODE_REPEATS = 2  # each decode row measured twice; one run here came out 55% slow
 SKIP_GAPS = 8  # a decode stream's first gaps, shared with other requests' prefills
 MIXED_PROMPTS = (64, 192)  # prompts joining running decodes: the steps a load mixes
@@ -348,7 +349,9 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
             rows_ms.append(step_ms)
             overheads.append(ttft_ms - step_ms)
     say(f"profile: prefill at {', '.join(map(str, PREFILL_LENGTHS))} tokens")
-    levels = sorted({1, 2, limits.slots})
+    # each count a small server's load runs (under load three streams' steps have run
+    # slower than four's, 2026-12-04), then all slots
+    levels = sorted({*range(1, min(limits.slots, DECODE_EACH_UP_TO) + 1), limits.slots})
     for prompt_len in DECODE_PROMPTS:
         for c in levels:
             gap, prompt = await _decode_step_ms(session, ep, c, prompt_len, tpw, index)
