@@ -182,6 +182,34 @@ def test_wrong_model_name_is_the_servers_word(llama: str) -> None:
     assert report.steps[0].metrics.completed == 2
 
 
+def test_a_profile_the_server_serves_from_its_cache_is_refused(llama: str) -> None:
+    """A second `llm validate` with the same --seed sends the profile's prompts again and
+    llama.cpp serves them from its cache: a bench run of 2026-12-04 fitted 0.003 ms a
+    prompt token where a prompt token cost about 1.4, and predicted TTFT 96% short. The
+    profile refuses such a request in one line that names the fix; another seed's
+    prompts share nothing with the first's (before 2026-12-04 the profile's prompts were
+    the same whatever the seed)."""
+    from servelab.llm.rules import SchedulingRule
+    from servelab.measure.llm_validate import discover_limits, profile_server
+
+    ep = Endpoint(llama, "/v1/completions", "m")
+
+    async def profile(seed: int):  # type: ignore[no-untyped-def]
+        async with new_session(100) as s:
+            limits = await discover_limits(s, llama, SchedulingRule.LLAMA_CPP, None, None,
+                                           None)
+            return await profile_server(s, ep, limits, 1.0, lambda m: None, seed)
+
+    first = asyncio.run(profile(3))
+    assert min(first.step_ms) > 0
+    with pytest.raises(StoreError, match="from its cache") as e:
+        asyncio.run(profile(3))
+    assert "--seed" in str(e.value)
+    assert "\n" not in str(e.value)
+    other = asyncio.run(profile(4))  # a new seed: new prompts, timed again
+    assert other.model.per_prefill_token_ms > 0
+
+
 def test_probe_failure_is_a_store_error(tmp_path: Path) -> None:
     with mock(tmp_path, "error") as (url, _), pytest.raises(StoreError, match="http 503"):
         asyncio.run(run_load(Endpoint(url, "/v1/completions", "m"),
@@ -220,7 +248,8 @@ def test_validate_against_a_real_llama_server(llama_pinned: str, tmp_path: Path)
     profile minutes before is issue 30's open part, and a quiet run put it anywhere from
     -37% to +7% at 30% load (a figure of the machine's, which belongs in bench/).
 
-    A run that misses is followed by one more on the same server, as the v2 validate
+    A run that misses is followed by one more on the same server with another --seed
+    (the same seed's prompts would come from the server's cache), as the v2 validate
     tests do (a quiet clean-clone CI run of 2026-12-03 had TPOT p50 given the load's
     steps at -26% at 60% load, -0.6% at 30% in the same run); the test fails if both
     miss and either was quiet."""
@@ -250,7 +279,8 @@ def _llama_validate_misses(url: str, tmp_path: Path, attempt: int
     out = tmp_path / f"val{attempt}"
     done = subprocess.run([*CLI, "llm", "validate", "--url", url, "--shares",
                            "0.3,0.6", "--num-prompts", "30", "--random-input-len", "128",
-                           "--random-output-len", "32", "--out", str(out)],
+                           "--random-output-len", "32", "--seed", str(attempt),
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=900, check=False)
     steal, others = use.shares()
     print(done.stdout, done.stderr)

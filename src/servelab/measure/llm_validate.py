@@ -74,6 +74,12 @@ PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-ba
 DECODE_PROMPTS = (32, 448)  # two contexts, so KV read and sequences can be told apart
 DECODE_TOKENS = 48
 DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
+PROFILE_INDEX = 10_000_000  # the profile's prompt indices, and the probes'
+PROBE_INDEX = 20_000_000
+SEED_SPREAD = 997  # seeds apart by other than a multiple of this share no index words
+# a profile request whose prompt the server served this much of from its cache is refused
+# (a new prompt shares its first token or two with the slot's last one at most)
+PROFILE_CACHED_SHARE = 0.25
 DECODE_EACH_UP_TO = 4  # decode rows at each count 1..this, and at all slots
 DECODE_REPEATS = 2  # each decode row measured twice; one run here came out 55% slow
 SKIP_GAPS = 8  # a decode stream's first gaps, shared with other requests' prefills
@@ -319,18 +325,21 @@ def _median_gap_ms(rec: RunRecords, i: int) -> float:
 
 
 async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: ServerLimits,
-                         tpw: float, say: Callable[[str], None]) -> Profile:
-    """The controlled runs (see the module docstring) and the fit."""
+                         tpw: float, say: Callable[[str], None], seed: int = 0) -> Profile:
+    """The controlled runs (see the module docstring) and the fit. Their prompts are
+    drawn from `seed` (validate's --seed): another seed, other prompts."""
     rows_p: list[int] = []
     rows_d: list[int] = []
     rows_k: list[float] = []
     rows_ms: list[float] = []
     overheads: list[float] = []
     timed = True
-    index = 10_000_000  # prompt indices of their own: nothing shared with the load steps
+    # prompt indices of their own: nothing shared with the load steps, nor (the words
+    # spelling the index come first) with another seed's profile
+    index = PROFILE_INDEX + (seed % SEED_SPREAD) * 1_000
     for length in PREFILL_LENGTHS:
         reqs = random_requests(2, input_len=length, output_len=2, tokens_per_word=tpw,
-                               first_index=index)
+                               seed=seed, first_index=index)
         index += 2
         for r in reqs:  # one at a time
             before = await read_metrics(session, ep.base)
@@ -354,7 +363,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     levels = sorted({*range(1, min(limits.slots, DECODE_EACH_UP_TO) + 1), limits.slots})
     for prompt_len in DECODE_PROMPTS:
         for c in levels:
-            gap, prompt = await _decode_step_ms(session, ep, c, prompt_len, tpw, index)
+            gap, prompt = await _decode_step_ms(session, ep, c, prompt_len, tpw, index, seed)
             index += c * DECODE_REPEATS
             rows_p.append(0)
             rows_d.append(c)
@@ -364,7 +373,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
         f"{' and '.join(map(str, DECODE_PROMPTS))}-token prompts")
     for prompt_len in MIXED_PROMPTS:
         for c in sorted({1, max(1, limits.slots - 1)}):
-            row = await _mixed_step(session, ep, prompt_len, c, tpw, index)
+            row = await _mixed_step(session, ep, prompt_len, c, tpw, index, seed)
             index += c + 1
             rows_p.append(row[0])
             rows_d.append(c)
@@ -398,13 +407,13 @@ def engine_steps(diff: dict[str, float]) -> float | None:
 
 
 async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: int, c: int,
-                      tpw: float, index: int) -> tuple[int, float, float]:
+                      tpw: float, index: int, seed: int) -> tuple[int, float, float]:
     """c decode streams running, then a prompt joins them: the step that holds both is
     the longest gap in the first stream. (prefill tokens, KV read, its ms)."""
     streams = random_requests(c, input_len=DECODE_PROMPT_MIXED, output_len=MIXED_TOKENS,
-                              tokens_per_word=tpw, first_index=index)
+                              tokens_per_word=tpw, seed=seed, first_index=index)
     joiner = random_requests(1, input_len=prompt_len, output_len=2, tokens_per_word=tpw,
-                             first_index=index + c)
+                             seed=seed, first_index=index + c)
     running = asyncio.ensure_future(_at_once(session, ep, streams, "a mixed-step"))
     await asyncio.sleep(MIXED_DELAY_S)
     joined = await _at_once(session, ep, joiner, "a mixed-step")
@@ -417,34 +426,44 @@ async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: 
 
 async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmRequest],
                    what: str) -> RunRecords:
-    """The requests sent together; a StoreError naming the first failure."""
+    """The requests sent together; a StoreError naming the first failure, or a prompt
+    the server served from its cache (a profile of cached prompts times nothing: a
+    128-token prefill read as 8 ms where it took 190)."""
     rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0, timeout_s=600,
                          ignore_eos=True)
     failed = [e for e in rec.errors if e]
     if failed:
         raise StoreError(f"profile: {what} request failed ({failed[0]})")
+    told = rec.cached_tokens >= 0
+    cached = int(rec.cached_tokens[told].sum())
+    if cached > PROFILE_CACHED_SHARE * int(rec.prompt_tokens[told].sum()):
+        raise StoreError(f"profile: the server served {cached:,} of {what} request's prompt "
+                         "tokens from its cache, so its steps cannot be timed; a validate "
+                         "with the same --seed has run against this server: give another "
+                         "--seed or restart the server")
     return rec
 
 
 async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
-                          prompt_len: int, tpw: float, index: int) -> tuple[float, float]:
+                          prompt_len: int, tpw: float, index: int, seed: int = 0
+                          ) -> tuple[float, float]:
     """c decode streams at once after prompts of `prompt_len`: the median gap mid-stream,
     the least of DECODE_REPEATS runs (noise only adds time), and the prompts' mean tokens.
     Uses the prompt indices index .. index + c * DECODE_REPEATS."""
     gaps = []
     for k in range(DECODE_REPEATS):
         reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
-                               tokens_per_word=tpw, first_index=index + k * c)
+                               tokens_per_word=tpw, seed=seed, first_index=index + k * c)
         rec = await _at_once(session, ep, reqs, "a decode")
         gaps.append(float(np.median([_median_gap_ms(rec, i) for i in range(c)])))
     return min(gaps), float(np.mean(rec.prompt_tokens))
 
 
 async def probe_decode_ms(session: aiohttp.ClientSession, ep: Endpoint, tpw: float,
-                          index: int) -> float:
+                          index: int, seed: int = 0) -> float:
     """The profile's first decode row again (one stream after a 32-token prompt), to see
     whether the server's speed has moved."""
-    return (await _decode_step_ms(session, ep, 1, DECODE_PROMPTS[0], tpw, index))[0]
+    return (await _decode_step_ms(session, ep, 1, DECODE_PROMPTS[0], tpw, index, seed))[0]
 
 
 def server_tpot_ms(rec: RunRecords) -> np.ndarray:
@@ -610,7 +629,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         limits = await discover_limits(session, ep.base, rule, slots, ctx_per_slot, n_batch)
         say(f"limits: {limits.rule} with {limits.slots} slots of {limits.ctx_per_slot} tokens "
             f"({limits.source})")
-        profile = await profile_server(session, ep, limits, tpw, say)
+        profile = await profile_server(session, ep, limits, tpw, say, seed)
         m = profile.model
         say(f"fit: step = {m.base_ms:.3f} ms + {m.per_prefill_token_ms:.4f} ms/prefill token "
             f"+ {m.per_decode_seq_ms:.3f} ms/decode seq + {m.per_kv_token_ms:.5f} ms/KV "
@@ -641,7 +660,8 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         profiled = profile.step_ms[profile.decode_seqs.index(1)]  # c = 1 after 32 tokens
         for k, share in enumerate(shares):
             rate = share * sat_measured
-            probed = await probe_decode_ms(session, ep, tpw, 20_000_000 + 10 * k)
+            probed = await probe_decode_ms(session, ep, tpw, PROBE_INDEX + (
+                seed % SEED_SPREAD) * 100 + 10 * k, seed)
             drift = (probed - profiled) / profiled * 100
             before = await read_metrics(session, ep.base)
             rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),
