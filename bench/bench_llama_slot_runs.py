@@ -9,7 +9,7 @@ one thread on CPU 1, a random-weight F16 llama of 104 MB); the client runs on CP
 Not in the suite: it measures speed, which depends on how busy the machine is.
 
 Why: under load `llm validate` saw three streams' decode steps run 16-20% slower than
-the profile measured three streams at once (which always lands on slots 0, 1, 2). Here
+the profile measured three streams at once. Here
 (2026-12-04, the 2-core VM, two runs of three repeats) three streams on slots 0, 1, 3 or
 0, 2, 3 stepped in 16.5-20.3 ms, on 0, 1, 2 or 1, 2, 3 in 12.3-14.9; two streams on slots
 0, 2 or 0, 3 in 7.9-12.9 ms, on 0, 1 in 11.5-14.8 (about two one-stream steps, 4.6-5.3 ms
