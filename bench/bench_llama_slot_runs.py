@@ -34,12 +34,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.llm_server import (  # noqa: E402
-    TinyLlama,
-    llama_server,
-    llama_server_binary,
-    write_gguf,
-)
+from tests.llm_server import llama_server_binary, mid_llama_server  # noqa: E402
 
 from servelab.measure.llm_workload import random_requests  # noqa: E402
 
@@ -78,13 +73,10 @@ def main() -> None:
     binary = llama_server_binary()
     if binary is None:
         sys.exit("llama-server is not built: run scripts/llama_server.sh (cmake, g++)")
-    shape = TinyLlama(n_embd=768, n_layer=8, n_head=12, n_head_kv=4, n_ff=2048, f16=True)
-    with tempfile.TemporaryDirectory(prefix="servelab-slots-") as tmp:
-        model = write_gguf(Path(tmp) / "mid.gguf", shape)
-        with llama_server(binary, model, slots=4, ctx=4096, threads=1,
-                          cpus=frozenset({1})) as url:
-            os.sched_setaffinity(0, {0})
-            res = asyncio.run(run(url, args.repeats))
+    with (tempfile.TemporaryDirectory(prefix="servelab-slots-") as tmp,
+          mid_llama_server(binary, Path(tmp)) as url):
+        os.sched_setaffinity(0, {0})
+        res = asyncio.run(run(url, args.repeats))
     print("| slots decoding | consecutive runs | step ms (each repeat) |")
     print("|---|---|---|")
     for slots, ms in res.items():

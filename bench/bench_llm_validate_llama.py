@@ -30,12 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.llm_server import (  # noqa: E402
-    TinyLlama,
-    llama_server,
-    llama_server_binary,
-    write_gguf,
-)
+from tests.llm_server import llama_server_binary, mid_llama_server  # noqa: E402
 from tests.services import QUIET_OTHERS, QUIET_STEAL, HostUse  # noqa: E402
 
 SHARES = (0.3, 0.6)
@@ -66,32 +61,29 @@ def main() -> None:
     binary = llama_server_binary()
     if binary is None:
         sys.exit("llama-server is not built: run scripts/llama_server.sh (cmake, g++)")
-    shape = TinyLlama(n_embd=768, n_layer=8, n_head=12, n_head_kv=4, n_ff=2048, f16=True)
     quiet_met = quiet = 0
-    with tempfile.TemporaryDirectory(prefix="servelab-llama-") as tmp:
-        model = write_gguf(Path(tmp) / "mid.gguf", shape)
-        with llama_server(binary, model, slots=4, ctx=4096, threads=1,
-                          cpus=frozenset({1})) as url:
-            for run in range(args.runs):
-                use = HostUse()
-                done = subprocess.run(
-                    ["taskset", "-c", "0", sys.executable, "-m", "servelab", "llm",
-                     "validate", "--url", url, "--shares", ",".join(map(str, SHARES)),
-                     "--num-prompts", str(args.num_prompts), "--random-input-len", "128",
-                     "--random-output-len", "32", "--seed", str(1000 + run), "--json"],
-                    capture_output=True, text=True, timeout=3600, check=False, cwd=ROOT)
-                steal, others = use.shares()
-                if done.returncode not in (0, 1):
-                    sys.exit(f"run {run}: {done.stderr.strip()[-500:]}")
-                report = json.loads(done.stdout)
-                if args.out is not None:
-                    args.out.mkdir(parents=True, exist_ok=True)
-                    (args.out / f"llm-validate-llama-{run}.json").write_text(done.stdout)
-                is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
-                missed = misses(report)
-                quiet += is_quiet
-                quiet_met += is_quiet and not missed
-                show(run, report, steal, others, missed)
+    with (tempfile.TemporaryDirectory(prefix="servelab-llama-") as tmp,
+          mid_llama_server(binary, Path(tmp)) as url):
+        for run in range(args.runs):
+            use = HostUse()
+            done = subprocess.run(
+                ["taskset", "-c", "0", sys.executable, "-m", "servelab", "llm",
+                 "validate", "--url", url, "--shares", ",".join(map(str, SHARES)),
+                 "--num-prompts", str(args.num_prompts), "--random-input-len", "128",
+                 "--random-output-len", "32", "--seed", str(1000 + run), "--json"],
+                capture_output=True, text=True, timeout=3600, check=False, cwd=ROOT)
+            steal, others = use.shares()
+            if done.returncode not in (0, 1):
+                sys.exit(f"run {run}: {done.stderr.strip()[-500:]}")
+            report = json.loads(done.stdout)
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / f"llm-validate-llama-{run}.json").write_text(done.stdout)
+            is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
+            missed = misses(report)
+            quiet += is_quiet
+            quiet_met += is_quiet and not missed
+            show(run, report, steal, others, missed)
     print(f"quiet runs meeting the bar: {quiet_met} of {quiet} ({args.runs} runs, "
           f"{args.num_prompts} prompts a step)")
 

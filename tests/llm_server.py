@@ -147,3 +147,18 @@ def llama_server(binary: str, model: Path, *, slots: int = 4, ctx: int = 8192,
            "--no-webui", *extra]
     with server_process(cmd, f"http://127.0.0.1:{port}/health", timeout_s=120, cpus=cpus):
         yield f"http://127.0.0.1:{port}"
+
+
+# A memory-bound server in miniature: F16, 768 wide, 8 layers, about 100 MB
+MID = TinyLlama(n_embd=768, n_layer=8, n_head=12, n_head_kv=4, n_ff=2048, f16=True)
+
+
+@contextlib.contextmanager
+def mid_llama_server(binary: str, folder: Path) -> Iterator[str]:
+    """The validate test's and benches' server: MID written into `folder`, 4 slots of
+    1,024 tokens, one thread on CPU 1 (where there is more than one CPU), so the client
+    keeps CPU 0 to itself; yields the base URL."""
+    model = write_gguf(folder / "mid.gguf", MID)
+    cpus = frozenset({1}) if len(os.sched_getaffinity(0)) > 1 else None
+    with llama_server(binary, model, slots=4, ctx=4096, threads=1, cpus=cpus) as url:
+        yield url
