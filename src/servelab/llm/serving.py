@@ -547,18 +547,11 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         preempted = False
         if cfg.prefill_first:
             budget = admit(sched, budget, whole=True)
-        admitted = len(sched)  # sched[:admitted], then the running ones
-        # the step's sizes (what the step model prices): the running requests' counted
-        # as they are scheduled, the admitted ones' below
-        tokens = 0
-        attn = 0.0  # sums of whole numbers: exact in any order
-        kv_read = 0.0
-        decodes = 0
         k = len(running) if sched else 0  # a prefill-only step leaves the decodes waiting
         while k < len(running) and budget > 0:
             i = running[k]
             c = computed[i]
-            left = new = prompt[i] + gen[i] - c
+            new = prompt[i] + gen[i] - c
             if new > budget:
                 new = budget
             # the common case, a decode within the blocks it holds, without the division
@@ -581,21 +574,10 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 sched.append((i, new))
                 budget -= new
                 k += 1
-                tokens += new
-                attn += new * c + new * (new + 1) // 2
-                kv_read += c
-                if left == 1 and gen[i] > 0:
-                    decodes += 1
-                else:
-                    prefill_tok += new
                 continue
             break  # this request was preempted itself
         if not preempted and not cfg.prefill_first:
-            before = len(sched)
             budget = admit(sched, budget, whole=not cfg.enable_chunked_prefill)
-            new_ones = sched[before:]
-        else:
-            new_ones = sched[:admitted]
         if not sched:
             if preempted:  # a request preempted itself; the next pass admits afresh
                 steps -= 1
@@ -605,7 +587,11 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 continue
             raise invalid("simulation", "no request can be scheduled", "a pool that fits "
                           "one request", "more KV blocks")
-        for i, new in new_ones:
+        tokens = 0
+        attn = 0.0
+        kv_read = 0.0
+        decodes = 0
+        for i, new in sched:
             c = computed[i]
             tokens += new
             attn += new * c + new * (new + 1) // 2

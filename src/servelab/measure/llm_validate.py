@@ -77,6 +77,7 @@ DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
 PROFILE_INDEX = 10_000_000  # the profile's prompt indices, and the probes'
 PROBE_INDEX = 20_000_000
 SEED_SPREAD = 997  # seeds apart by other than a multiple of this share no index words
+SEED_STRIDE = 1_000  # prompt indices a seed's profile (or its probes) may use
 # a profile request whose prompt the server served this much of from its cache is refused
 # (a new prompt shares its first token or two with the slot's last one at most)
 PROFILE_CACHED_SHARE = 0.25
@@ -324,6 +325,12 @@ def _median_gap_ms(rec: RunRecords, i: int) -> float:
     return float(chunks[-1] - chunks[0]) / (tokens - 1) / 1e6
 
 
+def seeded_index(base: int, seed: int) -> int:
+    """The first prompt index of a seed's profile or probes: the words spelling a
+    prompt's index come first, so another seed's prompts share none of them."""
+    return base + (seed % SEED_SPREAD) * SEED_STRIDE
+
+
 async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: ServerLimits,
                          tpw: float, say: Callable[[str], None], seed: int = 0) -> Profile:
     """The controlled runs (see the module docstring) and the fit. Their prompts are
@@ -336,7 +343,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     timed = True
     # prompt indices of their own: nothing shared with the load steps, nor (the words
     # spelling the index come first) with another seed's profile
-    index = PROFILE_INDEX + (seed % SEED_SPREAD) * 1_000
+    index = seeded_index(PROFILE_INDEX, seed)
     for length in PREFILL_LENGTHS:
         reqs = random_requests(2, input_len=length, output_len=2, tokens_per_word=tpw,
                                seed=seed, first_index=index)
@@ -445,7 +452,7 @@ async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmR
 
 
 async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
-                          prompt_len: int, tpw: float, index: int, seed: int = 0
+                          prompt_len: int, tpw: float, index: int, seed: int
                           ) -> tuple[float, float]:
     """c decode streams at once after prompts of `prompt_len`: the median gap mid-stream,
     the least of DECODE_REPEATS runs (noise only adds time), and the prompts' mean tokens.
@@ -460,7 +467,7 @@ async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
 
 
 async def probe_decode_ms(session: aiohttp.ClientSession, ep: Endpoint, tpw: float,
-                          index: int, seed: int = 0) -> float:
+                          index: int, seed: int) -> float:
     """The profile's first decode row again (one stream after a 32-token prompt), to see
     whether the server's speed has moved."""
     return (await _decode_step_ms(session, ep, 1, DECODE_PROMPTS[0], tpw, index, seed))[0]
@@ -660,8 +667,8 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         profiled = profile.step_ms[profile.decode_seqs.index(1)]  # c = 1 after 32 tokens
         for k, share in enumerate(shares):
             rate = share * sat_measured
-            probed = await probe_decode_ms(session, ep, tpw, PROBE_INDEX + (
-                seed % SEED_SPREAD) * 100 + 10 * k, seed)
+            probed = await probe_decode_ms(session, ep, tpw,
+                                           seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
             drift = (probed - profiled) / profiled * 100
             before = await read_metrics(session, ep.base)
             rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),
