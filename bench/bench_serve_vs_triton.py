@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
+import os
 import re
+import resource
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -51,6 +50,7 @@ from tests.services import free_port
 
 from servelab.gateway.cli import build_demo
 from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
+from servelab.measure.process import server_process
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTRITON_SERVER = r'''
@@ -88,25 +88,28 @@ def pytriton_python(given: str | None) -> str:
     return str(py)
 
 
-@contextlib.contextmanager
-def started(cmd: list[str], port: int, env: dict[str, str] | None = None
-            ) -> Iterator[None]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        for _ in range(600):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200:
-                    break
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
-            time.sleep(0.1)
-        yield
-    finally:
-        proc.terminate()
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user and system) of every live process in process group `pgid`: a
+    server started by `server_process` leads its own group, which holds whatever it
+    started (tritonserver's Python backend stubs)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    ticks = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            text = (d / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        rest = text[text.rindex(")") + 2:].split()  # fields from the 3rd (state) on
+        if int(rest[2]) == pgid:  # field 5, pgrp
+            ticks += int(rest[11]) + int(rest[12])  # fields 14 and 15, utime and stime
+    return ticks / tick
+
+
+def own_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def stats(metrics_url: str, model: str = "fraud") -> tuple[float, float]:
@@ -120,7 +123,7 @@ def stats(metrics_url: str, model: str = "fraud") -> tuple[float, float]:
     return found["nv_inference_count"], found["nv_inference_exec_count"]
 
 
-def run(port: int, rates: list[float], seconds: float, metrics_url: str,
+def run(port: int, rates: list[float], seconds: float, metrics_url: str, pgid: int,
         model: str = "fraud", tensor: tuple[str, int] = ("features", 4)
         ) -> list[dict[str, float]]:
     rng = np.random.default_rng(3)
@@ -132,17 +135,27 @@ def run(port: int, rates: list[float], seconds: float, metrics_url: str,
     rows = []
     for rate in rates:
         i0, e0 = stats(metrics_url, model)
+        c0, k0 = group_cpu_s(pgid), own_cpu_s()
         res = asyncio.run(run_open_loop("127.0.0.1", port, bodies,
                                         poisson_offsets(rate, int(rate * seconds), seed=7)))
+        c1, k1 = group_cpu_s(pgid), own_cpu_s()
         i1, e1 = stats(metrics_url, model)
         s = res.summary()
         rows.append({"offered": rate, "achieved": s["achieved_per_s"], "errors": s["errors"],
                      "batch": (i1 - i0) / max(e1 - e0, 1), "p50": s["p50_ms"],
-                     "p99": s["p99_ms"]})
+                     "p99": s["p99_ms"], **cpu_per_request(c1 - c0, k1 - k0, s["ok"])})
     return rows
 
 
-def run_grpc(addr: str, rates: list[float], seconds: float, metrics_url: str,
+def cpu_per_request(server_s: float, client_s: float, served: float) -> dict[str, float]:
+    """The server's (its whole process group) and the load generator's CPU time per
+    answered request, in µs: unlike the saturation rate, this hardly moves with how
+    busy the machine is."""
+    n = max(served, 1)
+    return {"server_us": server_s / n * 1e6, "client_us": client_s / n * 1e6}
+
+
+def run_grpc(addr: str, rates: list[float], seconds: float, metrics_url: str, pgid: int,
              model: str, tensor: tuple[str, int]) -> list[dict[str, float]]:
     """As `run`, over gRPC: ModelInfer calls on one channel, each sent at its intended
     time from a Poisson schedule; latency from that time."""
@@ -184,13 +197,16 @@ def run_grpc(addr: str, rates: list[float], seconds: float, metrics_url: str,
     rows = []
     for rate in rates:
         i0, e0 = stats(metrics_url, model)
+        c0, k0 = group_cpu_s(pgid), own_cpu_s()
         lat, span, errors = asyncio.run(load(rate, int(rate * seconds)))
+        c1, k1 = group_cpu_s(pgid), own_cpu_s()
         i1, e1 = stats(metrics_url, model)
         ok = lat[~np.isnan(lat)] * 1e3
         rows.append({"offered": rate, "achieved": ok.size / float(span[0]), "errors": errors,
                      "batch": (i1 - i0) / max(e1 - e0, 1),
                      "p50": float(np.percentile(ok, 50)) if ok.size else float("nan"),
-                     "p99": float(np.percentile(ok, 99)) if ok.size else float("nan")})
+                     "p99": float(np.percentile(ok, 99)) if ok.size else float("nan"),
+                     **cpu_per_request(c1 - c0, k1 - k0, ok.size)})
     return rows
 
 
@@ -218,17 +234,18 @@ def main() -> None:
                             ).stdout.strip() or sysconfig.get_config_var("LIBDIR")
     results = {}
     port = free_port()
-    with started([sys.executable, "-m", "servelab", "serve", "--model", f"fraud={model}",
-                  "--port", str(port)], port):
+    with server_process([sys.executable, "-m", "servelab", "serve", "--model",
+                         f"fraud={model}", "--port", str(port)],
+                        f"http://127.0.0.1:{port}/v2/health/ready") as proc:
         results["servelab"] = run(port, rates, args.seconds,
-                                  f"http://127.0.0.1:{port}/metrics")
+                                  f"http://127.0.0.1:{port}/metrics", proc.pid)
     port = free_port()
-    import os
-
     env = {**os.environ, "LD_LIBRARY_PATH": libdir}
-    with started([py, str(server), str(model), str(port)], port, env):
+    with server_process([py, str(server), str(model), str(port)],
+                        f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=120,
+                        env=env) as proc:
         results["triton"] = run(port, rates, args.seconds,
-                                f"http://127.0.0.1:{port + 2}/metrics")
+                                f"http://127.0.0.1:{port + 2}/metrics", proc.pid)
     report(results, "Triton (PyTriton)")
 
 
@@ -236,36 +253,39 @@ def against_tritonserver(rates: list[float], seconds: float, grpc: bool = False
                          ) -> dict[str, list[dict[str, float]]]:
     """The MLP on both: servelab on the ONNX file, tritonserver on its Python backend;
     over HTTP, or with `grpc` over each server's gRPC port."""
-    from tests.tritonserver import tritonserver, write_model
+    from tests.tritonserver import tritonserver_process, write_model
 
     work = Path(tempfile.mkdtemp(prefix="servelab-vs-tritonserver-"))
     write_model(work / "repo", "mlp", "max_batch_size: 32 dynamic_batching { "
                 "max_queue_delay_microseconds: 2000 }")
     results = {}
     port, grpc_port = free_port(), free_port()
-    with started([sys.executable, "-m", "servelab", "serve", "--model-repository",
-                  str(work / "repo" / "onnx"), "--port", str(port), "--grpc-port",
-                  str(grpc_port)], port):
+    with server_process([sys.executable, "-m", "servelab", "serve", "--model-repository",
+                         str(work / "repo" / "onnx"), "--port", str(port), "--grpc-port",
+                         str(grpc_port)], f"http://127.0.0.1:{port}/v2/health/ready") as proc:
+        metrics = f"http://127.0.0.1:{port}/metrics"
         results["servelab"] = (
-            run_grpc(f"127.0.0.1:{grpc_port}", rates, seconds,
-                     f"http://127.0.0.1:{port}/metrics", "mlp", ("x", 16)) if grpc else
-            run(port, rates, seconds, f"http://127.0.0.1:{port}/metrics", "mlp", ("x", 16)))
-    with tritonserver(work / "repo" / "python", work) as (http, metrics, grpc_addr):
-        results["triton"] = (
-            run_grpc(grpc_addr, rates, seconds, f"http://{metrics}/metrics", "mlp",
+            run_grpc(f"127.0.0.1:{grpc_port}", rates, seconds, metrics, proc.pid, "mlp",
                      ("x", 16)) if grpc else
-            run(int(http.rsplit(":", 1)[1]), rates, seconds, f"http://{metrics}/metrics",
-                "mlp", ("x", 16)))
+            run(port, rates, seconds, metrics, proc.pid, "mlp", ("x", 16)))
+    with tritonserver_process(work / "repo" / "python", work) as (proc, addresses):
+        http, metrics_addr, grpc_addr = addresses
+        metrics = f"http://{metrics_addr}/metrics"
+        results["triton"] = (
+            run_grpc(grpc_addr, rates, seconds, metrics, proc.pid, "mlp", ("x", 16)) if grpc
+            else run(int(http.rsplit(":", 1)[1]), rates, seconds, metrics, proc.pid, "mlp",
+                     ("x", 16)))
     return results
 
 
 def report(results: dict[str, list[dict[str, float]]], other: str) -> None:
     print(f"{'server':<9} {'offered':>8} {'achieved':>9} {'err':>5} {'batch':>6} "
-          f"{'p50 ms':>8} {'p99 ms':>9}")
+          f"{'p50 ms':>8} {'p99 ms':>9} {'server us/req':>14} {'client us/req':>14}")
     for name, rows in results.items():
         for r in rows:
             print(f"{name:<9} {r['offered']:>8.0f} {r['achieved']:>9.0f} {r['errors']:>5.0f} "
-                  f"{r['batch']:>6.2f} {r['p50']:>8.2f} {r['p99']:>9.2f}")
+                  f"{r['batch']:>6.2f} {r['p50']:>8.2f} {r['p99']:>9.2f} "
+                  f"{r['server_us']:>14.0f} {r['client_us']:>14.0f}")
     sat = {k: max(r["achieved"] for r in v) for k, v in results.items()}
     print(f"\nsaturation (highest achieved rate): servelab {sat['servelab']:.0f}/s, "
           f"{other} {sat['triton']:.0f}/s, ratio {sat['servelab'] / sat['triton']:.2f}")
@@ -274,6 +294,14 @@ def report(results: dict[str, list[dict[str, float]]], other: str) -> None:
     print(f"highest achieved rate with p99 < 50 ms and no errors: servelab "
           f"{ok['servelab']:.0f}/s, {other} {ok['triton']:.0f}/s, ratio "
           f"{ok['servelab'] / max(ok['triton'], 1):.2f}")
+    # CPU per request at the highest rate both kept up with (achieved within 5%)
+    both = [(a, b) for a, b in zip(results["servelab"], results["triton"], strict=True)
+            if min(a["achieved"], b["achieved"]) >= 0.95 * a["offered"]]
+    if both:
+        a, b = both[-1]
+        print(f"server CPU per request at {a['offered']:.0f}/s: servelab {a['server_us']:.0f} "
+              f"us, {other} {b['server_us']:.0f} us, ratio "
+              f"{a['server_us'] / max(b['server_us'], 1e-9):.2f}")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,15 @@ def write_model(repo: Path, name: str, config: str, version: int = 1) -> None:
 def tritonserver(repo: Path, work: Path, *args: str) -> Iterator[tuple[str, str, str]]:
     """tritonserver on `repo` (HTTP, gRPC and metrics on free loopback ports), laid out
     in `work`; yields its HTTP, metrics and gRPC addresses, host:port."""
+    with tritonserver_process(repo, work, *args) as (_, addresses):
+        yield addresses
+
+
+@contextlib.contextmanager
+def tritonserver_process(repo: Path, work: Path, *args: str
+                         ) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, str, str]]]:
+    """As `tritonserver`, yielding its process too (the leader of a process group that
+    holds its Python backend's stubs: the bench reads the group's CPU time)."""
     py = pytriton_python()
     assert py is not None, "no .venv-pytriton: bash scripts/test.sh builds it"
     site = Path(subprocess.run([py, "-c", "import pytriton, pathlib; print(pathlib.Path("
@@ -104,8 +113,8 @@ def tritonserver(repo: Path, work: Path, *args: str) -> Iterator[tuple[str, str,
            "127.0.0.1", "--metrics-port", str(metrics), "--allow-gpu-metrics", "false",
            "--log-error", "true", "--exit-timeout-secs", "2", *args]
     with server_process(cmd, f"http://127.0.0.1:{http}/v2/health/ready", timeout_s=120,
-                        env=env):
-        yield f"127.0.0.1:{http}", f"127.0.0.1:{metrics}", f"127.0.0.1:{grpc}"
+                        env=env) as proc:
+        yield proc, (f"127.0.0.1:{http}", f"127.0.0.1:{metrics}", f"127.0.0.1:{grpc}")
 
 
 SLEEP_PY = '''

@@ -18,6 +18,7 @@ from servelab.batching.state import BatcherCore, Payload
 from servelab.scenario import BatchingPolicy
 
 MAX_LEAD_NS = 2_000_000  # the timer never aims more than 2 ms early
+NEVER = 1 << 62  # ns: a wait without a timeout
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +59,11 @@ class AsyncBatcher:
         self.closed = False
         self.lead_ns = 0  # how early the timer thread aims (its recent lateness)
         self.clock_ns = 0  # the latest time given to the core: it never goes back
+        # When the timer thread's wait ends (ns; NEVER: no timeout; 0: it is not waiting
+        # and reads the core before it waits again). Waking it costs a thread switch and
+        # the GIL, so an arrival or a completion wakes it only when its event comes
+        # before that.
+        self.timer_wakes_ns = 0
 
     @staticmethod
     def now() -> int:
@@ -84,7 +90,7 @@ class AsyncBatcher:
                 self._expire(expired)
                 return None
             expired += self.core.step(now)
-            self.wakeup.notify()
+            self._wake_timer_if_due_sooner()
         self._expire(expired)
         self.in_flight += 1
         fut.add_done_callback(self._answered)
@@ -118,6 +124,13 @@ class AsyncBatcher:
         self.clock_ns = max(now, self.clock_ns)
         return expired
 
+    def _wake_timer_if_due_sooner(self) -> None:
+        """Wake the timer thread if the core's next event comes before the end of its
+        wait (the caller holds the lock)."""
+        at = self.core.next_event_ns()
+        if at is not None and at - self.lead_ns < self.timer_wakes_ns:
+            self.wakeup.notify()
+
     def _answered(self, _f: asyncio.Future[Any]) -> None:
         self.in_flight -= 1
 
@@ -142,11 +155,11 @@ class AsyncBatcher:
                 at = self.core.next_event_ns()
                 now = self.now()
                 if at is None:
-                    self.wakeup.wait()
+                    self._wait(NEVER, None)
                     continue
                 if at > now + self.lead_ns:
                     aim = at - self.lead_ns
-                    self.wakeup.wait((aim - now) / 1e9)
+                    self._wait(aim, (aim - now) / 1e9)
                     woke = self.now()
                     if woke >= aim and self.core.next_event_ns() == at:  # a timed-out wait
                         late = min(woke - aim, MAX_LEAD_NS)
@@ -160,7 +173,15 @@ class AsyncBatcher:
                 if expired:
                     self.loop.call_soon_threadsafe(self._expire, expired)
                 if (self.core.next_event_ns() or at + 1) <= at:  # no progress: yield
-                    self.wakeup.wait(50e-6)
+                    self._wait(now + 50_000, 50e-6)
+
+    def _wait(self, until_ns: int, timeout_s: float | None) -> None:
+        """The timer thread's wait (lock held), with its end where arrivals read it."""
+        self.timer_wakes_ns = until_ns
+        try:
+            self.wakeup.wait(timeout_s)
+        finally:
+            self.timer_wakes_ns = 0
 
     def _start(self, payload: Payload[Pending]) -> None:
         """Called by the core, under the lock, when an instance takes a payload."""
@@ -187,7 +208,7 @@ class AsyncBatcher:
                 now = self.clock_ns
                 self.core.complete(now)
                 expired += self.core.step(now)  # this instance's next payload, if waiting
-                self.wakeup.notify()
+                self._wake_timer_if_due_sooner()
             self.loop.call_soon_threadsafe(self._deliver, payload, result, error, started,
                                            now, expired)
 
