@@ -142,14 +142,22 @@ class GuardMiddleware:
         received = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + lim.body_timeout_s
+        # uvicorn's receive returns at once while its message event is set (the body, or
+        # its next part, is in hand): only a receive that would wait needs the deadline.
+        in_hand = getattr(getattr(receive, "__self__", None), "message_event", None)
+        if not isinstance(in_hand, asyncio.Event):
+            in_hand = None
 
         async def limited() -> Message:
             nonlocal received, held
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise _BodyTimeoutError from None
+            if in_hand is not None and in_hand.is_set():
+                message = await receive()
+            else:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                except TimeoutError:
+                    raise _BodyTimeoutError from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > max_body:

@@ -190,6 +190,34 @@ def test_each_datatype_takes_only_its_own_json_values(datatype, good, bad, needl
         parse(bad)
 
 
+@pytest.mark.parametrize(("datatype", "value", "kept"), [
+    # FP32's largest value, and the largest double that still rounds to it
+    ("FP32", 3.4028234663852886e38, True), ("FP32", 3.4028235677973362e38, True),
+    ("FP32", 3.4028235677973366e38, False),  # half a unit above: rounds to infinity
+    ("FP32", -3.4028235677973366e38, False), ("FP32", 2**200, False),
+    ("FP16", 65519.99, True), ("FP16", 65520.0, False), ("FP16", -65520, False),
+    ("FP64", 1.7976931348623157e308, True), ("FP64", 10**400, False),
+])
+def test_a_float_is_kept_exactly_when_it_rounds_to_a_finite_value(datatype, value, kept):
+    """The edge of each float type's range: a JSON number is taken when it rounds to a
+    finite value of the datatype, and refused where it would become infinity."""
+    from servelab.errors import InputError
+    from servelab.gateway.protocol import parse_request
+    from servelab.gateway.runner import TensorSpec
+
+    specs = (TensorSpec("t", datatype, (-1, 1)),)
+    body = json.dumps({"inputs": [{"name": "t", "datatype": datatype, "shape": [1, 1],
+                                   "data": [value]}]}).encode()
+    if kept:
+        arr = parse_request(body, None, "m", specs, 4).inputs["t"]
+        assert arr.dtype == specs[0].dtype
+        assert arr[0, 0] == np.asarray(float(value)).astype(specs[0].dtype)
+        assert np.isfinite(arr).all()
+    else:
+        with pytest.raises(InputError, match=f"out of {datatype}'s range"):
+            parse_request(body, None, "m", specs, 4)
+
+
 def test_a_models_body_limit_is_its_largest_valid_request():
     """The limit holds the largest request that can be valid, pretty-printed JSON of the
     longest numbers included, and nothing near 64 MB for a small model."""

@@ -521,6 +521,7 @@ class ModelVersions:
         ordered = sorted(versions, key=lambda sm: (len(sm.version), sm.version))
         self.by_version = {sm.version: sm for sm in ordered}
         self.latest = ordered[-1]
+        self.max_request_bytes = max(sm.max_request_bytes for sm in ordered)
 
     def get(self, version: str | None) -> ServedModel | None:
         """The model at `version` (None or "": the highest), or None if not served."""
@@ -529,10 +530,6 @@ class ModelVersions:
     @property
     def versions(self) -> list[str]:
         return list(self.by_version)
-
-    @property
-    def max_request_bytes(self) -> int:
-        return max(sm.max_request_bytes for sm in self.by_version.values())
 
 
 def every_version(models: dict[str, ModelVersions]) -> list[ServedModel]:
@@ -563,6 +560,7 @@ MODEL_CONTROL_REFUSED = ("explicit model load / unload is not allowed: the gatew
 
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+INFER_MATCH = "servelab.infer"  # the scope's key for _INFER_PATH's match, made once
 
 
 class BodyTooLargeError(InputError):
@@ -691,8 +689,10 @@ class InferFastPath:
         self.infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        m = (_INFER_PATH.match(scope["path"]) if scope["type"] == "http"
-             and scope["method"] == "POST" else None)
+        m = scope.get(INFER_MATCH, False)  # the guard's body limit matched it already
+        if m is False:
+            m = (_INFER_PATH.match(scope["path"]) if scope["type"] == "http"
+                 and scope["method"] == "POST" else None)
         if m is None:
             await self.app(scope, receive, send)
             return
@@ -961,6 +961,7 @@ def create_gateway(models: list[ServedModel], *, allowed_hosts: tuple[str, ...] 
     # `infer` directly, after the Host and body checks, which come first for every route.
     def body_limit(scope: Scope) -> int | None:
         m = _INFER_PATH.match(scope["path"]) if scope["method"] == "POST" else None
+        scope[INFER_MATCH] = m
         mv = by_name.get(m.group(1)) if m is not None else None
         return mv.max_request_bytes if mv is not None else None
 

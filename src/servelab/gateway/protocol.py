@@ -4,6 +4,7 @@ speaks them over HTTP: JSON tensors, and the binary tensor data extension
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -98,18 +99,36 @@ def _json_tensor(data: Any, name: str, spec: TensorSpec, count: int) -> np.ndarr
                    f"{spec.datatype} data; expected {want}, as JSON values (no strings"
                    + ("" if kind == "b" else ", no true/false")
                    + (", no fractions" if kind in "iu" else "") + ")")
+    if kind == "f":  # as float64 (exact for JSON's numbers), then held to the range
+        try:
+            wide = np.asarray(flat, dtype=np.float64)
+        except OverflowError:  # an integer past float64's range
+            wide = np.array([np.inf])
+        if not (np.abs(wide) < _rounds_to_inf(spec.dtype)).all():  # NaN fails too
+            raise _out_of_range(name, spec)
+        return wide if spec.dtype == np.float64 else wide.astype(spec.dtype)
     try:
         with np.errstate(over="raise", invalid="raise"):
-            arr = np.asarray(flat, dtype=spec.dtype)
+            return np.asarray(flat, dtype=spec.dtype)
     except (OverflowError, FloatingPointError):
-        info = np.finfo(spec.dtype) if kind == "f" else np.iinfo(spec.dtype)
-        raise _bad(f"input {name!r}: a value is out of {spec.datatype}'s range "
-                   f"{info.min:.6g} to {info.max:.6g}") from None
-    if kind == "f" and not np.isfinite(arr).all():
-        info = np.finfo(spec.dtype)
-        raise _bad(f"input {name!r}: a value is out of {spec.datatype}'s range "
-                   f"{info.min:.6g} to {info.max:.6g}")
-    return arr
+        raise _out_of_range(name, spec) from None
+
+
+def _out_of_range(name: str, spec: TensorSpec) -> InputError:
+    info = np.finfo(spec.dtype) if spec.dtype.kind == "f" else np.iinfo(spec.dtype)
+    return _bad(f"input {name!r}: a value is out of {spec.datatype}'s range "
+                f"{info.min:.6g} to {info.max:.6g}")
+
+
+@functools.cache
+def _rounds_to_inf(dtype: np.dtype) -> float:
+    """The least magnitude a float64 rounds to infinity at in `dtype`: half a unit in
+    the last place above its largest finite value (round half to even goes up there,
+    the largest value's last bit being 1)."""
+    info = np.finfo(dtype)
+    if dtype == np.float64:
+        return math.inf
+    return float(info.max) + 2.0 ** (info.maxexp - info.nmant - 2)
 
 
 def check_input(name: Any, datatype: Any, shape: Any, specs: dict[str, TensorSpec],
