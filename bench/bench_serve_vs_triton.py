@@ -75,6 +75,28 @@ with Triton(config=TritonConfig(http_port=port, grpc_port=port + 1, metrics_port
 '''
 
 
+# `--floor`: uvicorn alone (httptools, uvloop, as `servelab serve` runs it) answering
+# every request with one fixed v2 answer, no parse, no model: the CPU per request that
+# any Python ASGI front end pays here before it does any work.
+FLOOR_SERVER = r'''
+import sys, uvicorn
+ANSWER = (b'{"model_name":"mlp","outputs":[{"name":"y","datatype":"FP32","shape":[1,4],'
+          b'"data":[0,0,0,0]}]}')
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    body = b"" if scope["path"] == "/metrics" else ANSWER
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            access_log=False, http="httptools", loop="uvloop")
+'''
+
+
 def pytriton_python(given: str | None) -> str:
     if given:
         return given
@@ -218,10 +240,14 @@ def main() -> None:
     ap.add_argument("--server", choices=("pytriton", "tritonserver"), default="pytriton")
     ap.add_argument("--grpc", action="store_true",
                     help="with --server tritonserver: the load over gRPC")
+    ap.add_argument("--floor", action="store_true",
+                    help="with --server tritonserver over HTTP: also bare uvicorn answering "
+                    "a fixed body, the front end's own CPU per request")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     if args.server == "tritonserver":
-        report(against_tritonserver(rates, args.seconds, args.grpc),
+        report(against_tritonserver(rates, args.seconds, args.grpc,
+                                    args.floor and not args.grpc),
                "tritonserver" + (" (gRPC)" if args.grpc else ""))
         return
     work = Path(tempfile.mkdtemp(prefix="servelab-vs-triton-"))
@@ -249,10 +275,11 @@ def main() -> None:
     report(results, "Triton (PyTriton)")
 
 
-def against_tritonserver(rates: list[float], seconds: float, grpc: bool = False
-                         ) -> dict[str, list[dict[str, float]]]:
+def against_tritonserver(rates: list[float], seconds: float, grpc: bool = False,
+                         floor: bool = False) -> dict[str, list[dict[str, float]]]:
     """The MLP on both: servelab on the ONNX file, tritonserver on its Python backend;
-    over HTTP, or with `grpc` over each server's gRPC port."""
+    over HTTP, or with `grpc` over each server's gRPC port; with `floor`, bare uvicorn
+    (FLOOR_SERVER) as well."""
     from tests.tritonserver import tritonserver_process, write_model
 
     work = Path(tempfile.mkdtemp(prefix="servelab-vs-tritonserver-"))
@@ -275,6 +302,14 @@ def against_tritonserver(rates: list[float], seconds: float, grpc: bool = False
             run_grpc(grpc_addr, rates, seconds, metrics, proc.pid, "mlp", ("x", 16)) if grpc
             else run(int(http.rsplit(":", 1)[1]), rates, seconds, metrics, proc.pid, "mlp",
                      ("x", 16)))
+    if floor:
+        server = work / "floor_server.py"
+        server.write_text(FLOOR_SERVER)
+        port = free_port()
+        with server_process([sys.executable, str(server), str(port)],
+                            f"http://127.0.0.1:{port}/metrics") as proc:
+            results["uvicorn"] = run(port, rates, seconds, f"http://127.0.0.1:{port}/metrics",
+                                     proc.pid, "mlp", ("x", 16))
     return results
 
 
@@ -286,6 +321,10 @@ def report(results: dict[str, list[dict[str, float]]], other: str) -> None:
             print(f"{name:<9} {r['offered']:>8.0f} {r['achieved']:>9.0f} {r['errors']:>5.0f} "
                   f"{r['batch']:>6.2f} {r['p50']:>8.2f} {r['p99']:>9.2f} "
                   f"{r['server_us']:>14.0f} {r['client_us']:>14.0f}")
+    if "uvicorn" in results:
+        floor = {r["offered"]: r["server_us"] for r in results["uvicorn"]}
+        print("\nbare uvicorn's CPU per request (a fixed answer, no work): "
+              + ", ".join(f"{us:.0f} us at {rate:.0f}/s" for rate, us in floor.items()))
     sat = {k: max(r["achieved"] for r in v) for k, v in results.items()}
     print(f"\nsaturation (highest achieved rate): servelab {sat['servelab']:.0f}/s, "
           f"{other} {sat['triton']:.0f}/s, ratio {sat['servelab'] / sat['triton']:.2f}")
