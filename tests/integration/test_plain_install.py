@@ -43,8 +43,10 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # --no-compile: what is imported compiles as it is imported; the rest (plotly's
+    # thousands of modules) would take half of the install's 60 s here
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                          "--disable-pip-version-check", str(src)],
+                          "--disable-pip-version-check", "--no-compile", str(src)],
                          capture_output=True, text=True, timeout=900, check=False)
     if pip.returncode != 0:
         pytest.skip(f"pip install of servelab failed (no package index?): "
