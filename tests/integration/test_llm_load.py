@@ -207,7 +207,8 @@ def test_a_profile_the_server_serves_from_its_cache_is_refused(llama: str) -> No
     assert "--seed" in str(e.value)
     assert "\n" not in str(e.value)
     other = asyncio.run(profile(4))  # a new seed: new prompts, timed again
-    assert other.model.per_prefill_token_ms > 0
+    assert other.model.per_prefill_token_ms > 0, (other.prefill_tokens, other.decode_seqs,
+                                                  other.step_ms, other.model)
 
 
 def test_probe_failure_is_a_store_error(tmp_path: Path) -> None:

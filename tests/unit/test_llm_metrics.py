@@ -310,3 +310,20 @@ def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
     assert steps_seen(few).shape[0] == 1
     assert given_run_steps(few, steps_seen(few), limits, profile) == ()
     assert given_note(1, (), alone) == ()
+
+
+def test_a_mixed_step_is_taken_only_where_the_prompt_joined_the_stream():
+    """The profile's mixed row is the stream's longest gap only where that gap stands out
+    from its decode steps: a stream that ended before the prompt came (all gaps alike)
+    gives no row, where it once gave a 5 ms "mixed step" that pulled the whole fit to 0
+    (CI, 2026-12-04)."""
+    from servelab.measure.llm_validate import joined_gap
+
+    ms = 1_000_000
+    steady = np.cumsum(np.full(40, 5 * ms))
+    assert joined_gap(steady) is None
+    jittered = np.cumsum(5 * ms + np.random.default_rng(0).integers(-ms, ms, 40))
+    assert joined_gap(jittered) is None
+    joined = np.cumsum(np.r_[np.full(12, 5 * ms), 95 * ms, np.full(20, 6 * ms)])
+    assert joined_gap(joined) == 11  # between the 12th chunk and the 13th
+    assert joined_gap(np.array([0, 5 * ms, 10 * ms])) is None  # too short to tell

@@ -547,3 +547,37 @@ def test_num_gpu_blocks_override_sets_the_pool_as_vllm_does():
     assert pool.num_blocks == 1234
     assert any("num_gpu_blocks_override" in n for n in pool.notes)
     assert size_pool(pool_spec(Scenario(llm=LlmPool()))).num_blocks != 1234
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_a_profile_fit_is_the_best_with_every_term_at_least_zero(seed):
+    """The profile's fit is non-negative least squares: no choice of its terms, each at
+    least 0, fits the profile better (in relative error). The greedy drop it replaced
+    (drop every negative term, refit) could leave one term where the best keeps three."""
+    import itertools
+
+    from servelab.llm.serving import ProfileStepModel
+
+    rng = np.random.default_rng(seed)
+    n = 12
+    p = rng.choice([0, 0, 64, 192, 448], n).astype(float)
+    d = np.where(p == 0, rng.integers(1, 5, n), rng.integers(0, 3, n)).astype(float)
+    k = d * rng.uniform(30, 500, n)
+    y = np.abs(rng.normal(5, 3) + 1.4 * p + rng.normal(2, 3) * d
+               + rng.normal(0, 0.01) * k) * rng.uniform(0.5, 2.0, n) + 0.5
+    m = ProfileStepModel.fit(p, d, k, y, relative=True)
+    multi = (p + d >= 2).astype(float)
+    x = np.column_stack([np.ones(n), p, d, k, multi])
+    w = 1 / y
+    coef = np.array([m.base_ms, m.per_prefill_token_ms, m.per_decode_seq_ms,
+                     m.per_kv_token_ms, m.multi_token_ms])
+    assert (coef >= 0).all()
+    got = float(np.sum(((x @ coef - y) * w) ** 2))
+    cols = [0, 1, 2, 3, 4] if 0 < multi.sum() < n else [0, 1, 2, 3]
+    for r in range(1, len(cols) + 1):
+        for sub in itertools.combinations(cols, r):
+            c, *_ = np.linalg.lstsq(x[:, sub] * w[:, None], y * w, rcond=None)
+            if (c >= 0).all():
+                assert got <= float(np.sum((x[:, sub] @ c - y) ** 2 * w ** 2)) * (1 + 1e-9) \
+                    + 1e-12

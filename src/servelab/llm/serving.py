@@ -276,19 +276,17 @@ MAX_PROFILE_ROWS = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class ProfileStepModel:
-    """Step time from a measured profile (e.g. a vLLM log's steps): a CSV of
-    prefill_tokens, decode_seqs, kv_tokens_read and step_ms, fitted by least squares in
-    relative error (steps span 10 ms decodes to 500 ms prefills) to
-    step_ms = base + per prefill token + per decode sequence + per KV token read, each
-    term at least 0 (a term the data would make negative is dropped and the rest
-    refitted), plus `multi_token_ms` on every step of two or more tokens where the
-    profile has steps of one token and of more to tell it from the base. llama.cpp on a
-    CPU runs a one-token batch through ggml's matrix-vector kernels and two or more
-    through its matrix kernels: one decode stream's step took 4.2 ms, two streams' 12.5
-    ms and four's 14.2 ms (a 100 MB F16 model, one thread, docs/llm-measure.md), a jump
-    no per-sequence cost fits. Measured steps are scattered, not a grid, so they are
-    fitted, not interpolated; the fit's error on the profile itself is kept and
-    reported."""
+    """Step time from a measured profile (e.g. a vLLM log's steps): a CSV of prefill_tokens,
+    decode_seqs, kv_tokens_read and step_ms, fitted by least squares in relative error
+    (steps span 10 ms decodes to 500 ms prefills) to step_ms = base + per prefill token +
+    per decode sequence + per KV token read, each term at least 0 (non-negative least
+    squares, SciPy's `nnls`), plus `multi_token_ms` on every step of two or more tokens
+    where the profile has steps of one token and of more to tell it from the base. llama.cpp
+    on a CPU runs a one-token batch through ggml's matrix-vector kernels and two or more
+    through its matrix kernels: one decode stream's step took 4.2 ms, two streams' 12.5 ms
+    and four's 14.2 ms (a 100 MB F16 model, one thread, docs/llm-measure.md), a jump no
+    per-sequence cost fits. Measured steps are scattered, not a grid, so they are fitted,
+    not interpolated; the fit's error on the profile itself is kept and reported."""
 
     base_ms: float
     per_prefill_token_ms: float
@@ -322,13 +320,11 @@ class ProfileStepModel:
         # the multi-token term only where one-token steps and longer ones both were seen:
         # otherwise it cannot be told from the base
         keep = [0, 1, 2, 3, 4] if 0 < multi.sum() < multi.size else [0, 1, 2, 3]
+        from scipy.optimize import nnls  # here: the simulator alone never needs SciPy
+
         coef = np.zeros(5)
-        while keep:
-            c, *_ = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)
-            if (c >= 0).all():
-                coef[keep] = c
-                break
-            keep = [k for k, v in zip(keep, c, strict=True) if v >= 0]
+        if y.size:  # least squares with every term at least 0 (Lawson and Hanson)
+            coef[keep], _ = nnls(x[:, keep] * w[:, None], y * w)
         err = np.abs(x @ coef - y) / np.maximum(y, 1e-9)
         return cls(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]),
                    rows=int(y.size),

@@ -88,6 +88,9 @@ MIXED_PROMPTS = (64, 192)  # prompts joining running decodes: the steps a load m
 DECODE_PROMPT_MIXED = 32
 MIXED_TOKENS = 160  # long enough to be running when the prompt joins and after
 MIXED_DELAY_S = 0.6
+# a mixed step's gap is at least this many of the stream's median gaps (a 64-token
+# prompt's prefill takes about 90 ms on the test's llama-server, a decode step 5)
+MIXED_MIN_RATIO = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +385,10 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
         for c in sorted({1, max(1, limits.slots - 1)}):
             row = await _mixed_step(session, ep, prompt_len, c, tpw, index, seed)
             index += c + 1
+            if row is None:
+                say(f"profile: a {prompt_len}-token prompt did not join {c} running "
+                    "decode(s); that mixed step is left out")
+                continue
             rows_p.append(row[0])
             rows_d.append(c)
             rows_k.append(row[1])
@@ -414,9 +421,11 @@ def engine_steps(diff: dict[str, float]) -> float | None:
 
 
 async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: int, c: int,
-                      tpw: float, index: int, seed: int) -> tuple[int, float, float]:
+                      tpw: float, index: int, seed: int) -> tuple[int, float, float] | None:
     """c decode streams running, then a prompt joins them: the step that holds both is
-    the longest gap in the first stream. (prefill tokens, KV read, its ms)."""
+    the longest gap in the first stream. (prefill tokens, KV read, its ms); None where
+    that gap is no longer than a decode's (the stream ended before the prompt came, or
+    the server ran the prompt apart from it): no mixed step was seen."""
     streams = random_requests(c, input_len=DECODE_PROMPT_MIXED, output_len=MIXED_TOKENS,
                               tokens_per_word=tpw, seed=seed, first_index=index)
     joiner = random_requests(1, input_len=prompt_len, output_len=2, tokens_per_word=tpw,
@@ -425,10 +434,23 @@ async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: 
     await asyncio.sleep(MIXED_DELAY_S)
     joined = await _at_once(session, ep, joiner, "a mixed-step")
     rec = await running
-    gaps = np.diff(rec.chunk_ns[0])
-    k = int(np.argmax(gaps))
+    k = joined_gap(np.asarray(rec.chunk_ns[0]))
+    if k is None:
+        return None
     context = float(np.mean(rec.prompt_tokens)) + k + 1
-    return int(joined.prompt_tokens[0]), c * context, float(gaps[k]) / 1e6
+    return (int(joined.prompt_tokens[0]), c * context,
+            float(rec.chunk_ns[0][k + 1] - rec.chunk_ns[0][k]) / 1e6)
+
+
+def joined_gap(chunk_ns: np.ndarray) -> int | None:
+    """Which of a decode stream's gaps holds the step a joining prompt ran in (the
+    longest), or None where no gap stands out from the stream's own steps by
+    MIXED_MIN_RATIO: the prompt did not join it."""
+    gaps = np.diff(chunk_ns)
+    if gaps.size < 3:
+        return None
+    k = int(np.argmax(gaps))
+    return k if gaps[k] >= MIXED_MIN_RATIO * np.median(gaps) else None
 
 
 async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmRequest],
