@@ -21,7 +21,6 @@ the median a figure of the server rather than of that split.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.llm_server import llama_server_binary, mid_llama_server  # noqa: E402
+from tests.llm_server import (  # noqa: E402
+    llama_server_binary,
+    mid_llama_server,
+    validate_report,
+)
 from tests.services import QUIET_OTHERS, QUIET_STEAL, HostUse  # noqa: E402
 
 SHARES = (0.3, 0.6)
@@ -73,12 +76,7 @@ def main() -> None:
                  "--random-output-len", "32", "--seed", str(1000 + run), "--json"],
                 capture_output=True, text=True, timeout=3600, check=False, cwd=ROOT)
             steal, others = use.shares()
-            if done.returncode not in (0, 1):
-                sys.exit(f"run {run}: {done.stderr.strip()[-500:]}")
-            report = json.loads(done.stdout)
-            if args.out is not None:
-                args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / f"llm-validate-llama-{run}.json").write_text(done.stdout)
+            report = validate_report(done, run, args.out, "llm-validate-llama")
             is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
             missed = misses(report)
             quiet += is_quiet

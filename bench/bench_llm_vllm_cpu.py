@@ -16,7 +16,6 @@ words, one token a word; the special tokens' output rows zeroed), starts vLLM on
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.llm_server import validate_report  # noqa: E402
 
 from servelab.measure.process import free_port, server_process  # noqa: E402
 
@@ -102,12 +103,7 @@ def main() -> None:
                      "--max-num-batched-tokens", str(BATCHED), "--random-input-len", "128",
                      "--random-output-len", "32", "--seed", str(run), "--json"],
                     capture_output=True, text=True, timeout=900, check=False)
-                if out.returncode not in (0, 1):
-                    sys.exit(f"run {run}: {out.stderr.strip()[-500:]}")
-                report = json.loads(out.stdout)
-                if args.out is not None:
-                    args.out.mkdir(parents=True, exist_ok=True)
-                    (args.out / f"llm-validate-vllm-cpu-{run}.json").write_text(out.stdout)
+                report = validate_report(out, run, args.out, "llm-validate-vllm-cpu")
                 show(run, report)
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.services import free_port
+from tests.services import free_port, process_tree_cpu_s
 
 from servelab.gateway.cli import build_demo
 from servelab.measure.loadgen import http_request, poisson_offsets, run_open_loop
@@ -110,26 +110,8 @@ def pytriton_python(given: str | None) -> str:
     return str(py)
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user and system) of every live process in process group `pgid`: a
-    server started by `server_process` leads its own group, which holds whatever it
-    started (tritonserver's Python backend stubs)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    ticks = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            text = (d / "stat").read_text()
-        except OSError:  # gone since the listing
-            continue
-        rest = text[text.rindex(")") + 2:].split()  # fields from the 3rd (state) on
-        if int(rest[2]) == pgid:  # field 5, pgrp
-            ticks += int(rest[11]) + int(rest[12])  # fields 14 and 15, utime and stime
-    return ticks / tick
-
-
-def own_cpu_s() -> float:
+def client_cpu_s() -> float:
+    """The load generator's CPU seconds (this process alone, not the servers it runs)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
 
@@ -145,7 +127,7 @@ def stats(metrics_url: str, model: str = "fraud") -> tuple[float, float]:
     return found["nv_inference_count"], found["nv_inference_exec_count"]
 
 
-def run(port: int, rates: list[float], seconds: float, metrics_url: str, pgid: int,
+def run(port: int, rates: list[float], seconds: float, metrics_url: str, pid: int,
         model: str = "fraud", tensor: tuple[str, int] = ("features", 4)
         ) -> list[dict[str, float]]:
     rng = np.random.default_rng(3)
@@ -157,10 +139,10 @@ def run(port: int, rates: list[float], seconds: float, metrics_url: str, pgid: i
     rows = []
     for rate in rates:
         i0, e0 = stats(metrics_url, model)
-        c0, k0 = group_cpu_s(pgid), own_cpu_s()
+        c0, k0 = process_tree_cpu_s(pid), client_cpu_s()
         res = asyncio.run(run_open_loop("127.0.0.1", port, bodies,
                                         poisson_offsets(rate, int(rate * seconds), seed=7)))
-        c1, k1 = group_cpu_s(pgid), own_cpu_s()
+        c1, k1 = process_tree_cpu_s(pid), client_cpu_s()
         i1, e1 = stats(metrics_url, model)
         s = res.summary()
         rows.append({"offered": rate, "achieved": s["achieved_per_s"], "errors": s["errors"],
@@ -170,14 +152,14 @@ def run(port: int, rates: list[float], seconds: float, metrics_url: str, pgid: i
 
 
 def cpu_per_request(server_s: float, client_s: float, served: float) -> dict[str, float]:
-    """The server's (its whole process group) and the load generator's CPU time per
-    answered request, in µs: unlike the saturation rate, this hardly moves with how
-    busy the machine is."""
+    """The server's CPU time (its process and every one it started) and the load
+    generator's per answered request, in µs: unlike the saturation rate, this hardly
+    moves with how busy the machine is."""
     n = max(served, 1)
     return {"server_us": server_s / n * 1e6, "client_us": client_s / n * 1e6}
 
 
-def run_grpc(addr: str, rates: list[float], seconds: float, metrics_url: str, pgid: int,
+def run_grpc(addr: str, rates: list[float], seconds: float, metrics_url: str, pid: int,
              model: str, tensor: tuple[str, int]) -> list[dict[str, float]]:
     """As `run`, over gRPC: ModelInfer calls on one channel, each sent at its intended
     time from a Poisson schedule; latency from that time."""
@@ -219,9 +201,9 @@ def run_grpc(addr: str, rates: list[float], seconds: float, metrics_url: str, pg
     rows = []
     for rate in rates:
         i0, e0 = stats(metrics_url, model)
-        c0, k0 = group_cpu_s(pgid), own_cpu_s()
+        c0, k0 = process_tree_cpu_s(pid), client_cpu_s()
         lat, span, errors = asyncio.run(load(rate, int(rate * seconds)))
-        c1, k1 = group_cpu_s(pgid), own_cpu_s()
+        c1, k1 = process_tree_cpu_s(pid), client_cpu_s()
         i1, e1 = stats(metrics_url, model)
         ok = lat[~np.isnan(lat)] * 1e3
         rows.append({"offered": rate, "achieved": ok.size / float(span[0]), "errors": errors,

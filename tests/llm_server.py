@@ -12,11 +12,14 @@ never picks them against the words' random logits: every streamed chunk is one w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -162,3 +165,17 @@ def mid_llama_server(binary: str, folder: Path) -> Iterator[str]:
     cpus = frozenset({1}) if len(os.sched_getaffinity(0)) > 1 else None
     with llama_server(binary, model, slots=4, ctx=4096, threads=1, cpus=cpus) as url:
         yield url
+
+
+def validate_report(done: subprocess.CompletedProcess[str], run: int, out: Path | None,
+                    stem: str) -> dict[str, Any]:
+    """The report of a bench's `servelab llm validate --json` run (exit 1, a figure
+    missed, is still one; any other exit ends the bench), kept as `out/stem-run.json`
+    when `out` is given."""
+    if done.returncode not in (0, 1):
+        sys.exit(f"run {run}: {done.stderr.strip()[-500:]}")
+    report: dict[str, Any] = json.loads(done.stdout)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}-{run}.json").write_text(done.stdout)
+    return report

@@ -80,12 +80,13 @@ QUIET_OTHERS = 0.10
 ATTEMPTS = 3
 
 
-def _tree_cpu_s(with_reaped: bool) -> dict[int, float]:
-    """Per live process this one started (at any depth): its CPU seconds, with what its
-    own reaped children used if `with_reaped` (Linux /proc; {} elsewhere)."""
+def _tree_cpu_s(with_reaped: bool, root: int | None = None) -> dict[int, float]:
+    """Per live process `root` (this one by default) started, at any depth: its CPU
+    seconds, with what its own reaped children used if `with_reaped` (Linux /proc; {}
+    elsewhere). The root itself is not in it."""
     import os
 
-    me = os.getpid()
+    me = os.getpid() if root is None else root
     parent: dict[int, int] = {}
     cpu: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -116,6 +117,20 @@ def _descendants_cpu_s() -> float:
     """CPU seconds of the processes this one started that are still alive, with what
     their own reaped children used."""
     return sum(_tree_cpu_s(with_reaped=True).values())
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds of live process `pid` and of every live process under it (a server
+    and what it started: tritonserver's Python backend stubs)."""
+    tree = _tree_cpu_s(with_reaped=False, root=pid)
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:  # gone, or no /proc
+        return sum(tree.values())
+    import os
+
+    return sum(tree.values()) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu_s() -> float:

@@ -85,8 +85,8 @@ def tritonserver(repo: Path, work: Path, *args: str) -> Iterator[tuple[str, str,
 @contextlib.contextmanager
 def tritonserver_process(repo: Path, work: Path, *args: str
                          ) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, str, str]]]:
-    """As `tritonserver`, yielding its process too (the leader of a process group that
-    holds its Python backend's stubs: the bench reads the group's CPU time)."""
+    """As `tritonserver`, yielding its process too (the bench reads its CPU time and
+    that of the Python backend stubs it starts)."""
     py = pytriton_python()
     assert py is not None, "no .venv-pytriton: bash scripts/test.sh builds it"
     site = Path(subprocess.run([py, "-c", "import pytriton, pathlib; print(pathlib.Path("

@@ -254,8 +254,7 @@ class _TritonMetrics:
         return lines
 
     def inc(self, name: str, labels: dict[str, str], amount: float = 1.0) -> None:
-        with self.lock:
-            self.values[(name, tuple(sorted(labels.items())))] += amount
+        self.add(tuple(sorted(labels.items())), (name, amount))
 
     def add(self, labels: tuple[tuple[str, str], ...], *amounts: tuple[str, float]) -> None:
         """Several counters of one series' labels (sorted, as `inc` keys them) at once:
@@ -682,17 +681,16 @@ async def run_request(sm: ServedModel, req: InferRequest, t0: int,
 
 
 class InferFastPath:
-    """ASGI: POST .../infer straight to the gateway's infer function; all else to the app."""
+    """ASGI, behind GuardMiddleware (whose body limit puts the infer path's match in the
+    scope): POST .../infer straight to the gateway's infer function; all else to the
+    app, whose own routes answer infer too."""
 
     def __init__(self, app: ASGIApp, infer: Any) -> None:
         self.app = app
         self.infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        m = scope.get(INFER_MATCH, False)  # the guard's body limit matched it already
-        if m is False:
-            m = (_INFER_PATH.match(scope["path"]) if scope["type"] == "http"
-                 and scope["method"] == "POST" else None)
+        m = scope.get(INFER_MATCH)  # matched once, by the guard's body limit
         if m is None:
             await self.app(scope, receive, send)
             return

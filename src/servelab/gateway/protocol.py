@@ -103,7 +103,7 @@ def _json_tensor(data: Any, name: str, spec: TensorSpec, count: int) -> np.ndarr
         try:
             wide = np.asarray(flat, dtype=np.float64)
         except OverflowError:  # an integer past float64's range
-            wide = np.array([np.inf])
+            raise _out_of_range(name, spec) from None
         if not (np.abs(wide) < _rounds_to_inf(spec.dtype)).all():  # NaN fails too
             raise _out_of_range(name, spec)
         return wide if spec.dtype == np.float64 else wide.astype(spec.dtype)
