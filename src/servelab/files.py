@@ -133,11 +133,12 @@ def prepare_out_dir(path: str | Path, field: str) -> Path:
 
 
 def read_csv_columns(path: str | Path, field: str, columns: tuple[str, ...], *,
-                     max_rows: int) -> dict[str, Any]:
+                     max_rows: int, optional: tuple[str, ...] = ()) -> dict[str, Any]:
     """Named numeric columns of a CSV (a header row, then numbers), as float64 arrays.
 
-    Column names match case-insensitively; extra columns are ignored; at most `max_rows`
-    rows are read (more is an error, not a silent cut)."""
+    Column names match case-insensitively; extra columns are ignored; `optional` columns
+    are read where the header has them (absent from the result otherwise); at most
+    `max_rows` rows are read (more is an error, not a silent cut)."""
     import csv
     import io
 
@@ -156,6 +157,7 @@ def read_csv_columns(path: str | Path, field: str, columns: tuple[str, ...], *,
             raise InputError(f"{field} = {cut(str(path))!r}: columns {cut(str(header), 120)}; "
                              f"expected {', '.join(columns)}; fix: name the columns "
                              f"{','.join(columns)} (missing: {', '.join(missing)})")
+        columns = columns + tuple(c for c in optional if c in where)
         idx = [where[c] for c in columns]
         rows: list[list[float]] = []
         for n, row in enumerate(reader, start=2):

@@ -713,9 +713,12 @@ class LlmPool:
         flags=("--num-gpu-blocks-override",))
     # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step) or
     # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone)
-    scheduler: str = spec("v1", _choice("v1", "prefill-first"), "The engine's step loop: v1 "
-                          "(vLLM V1, mixed steps) or prefill-first (vLLM V0 without chunked "
-                          "prefill, SGLang) ([llm] scheduler, default v1).",
+    scheduler: str = spec("v1", _choice("v1", "prefill-first", "llama.cpp"),
+                          "The engine's step loop: v1 (vLLM V1, mixed steps), prefill-first "
+                          "(vLLM V0 without chunked prefill, SGLang) or llama.cpp (its "
+                          "server: max_num_seqs slots of context_tokens each, n_batch "
+                          "max_num_batched_tokens, ubatches of 512) ([llm] scheduler, "
+                          "default v1).",
                           flags=("--scheduler",))
     # The roofline's constants (None: the defaults fitted to published measurements;
     # `servelab llm fit` writes a user's own)

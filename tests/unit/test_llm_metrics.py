@@ -248,9 +248,20 @@ def test_steps_are_read_from_the_streams_chunk_times() -> None:
                    {"intended": 0, "done": 90 * MS, "chunks": c, "prompt": 30},
                    {"intended": 0, "done": 520 * MS, "chunks": late, "prompt": 5}])
     rows = steps_seen(rec)
-    # (prefill tokens, decode seqs, KV read, ms); the first step (prompts) has no gap
-    assert rows.tolist() == [[0, 2, 18, 10], [0, 2, 20, 10], [0, 2, 22, 10],
-                             [30, 2, 24, 40], [0, 3, 57, 10], [0, 1, 6, 10]]
+    # (prefill tokens, decode seqs, KV read, passes, passes of 2+ tokens, ms); the first
+    # step (prompts) has no gap; without the server's limits, one pass a step
+    assert rows.tolist() == [[0, 2, 18, 1, 1, 10], [0, 2, 20, 1, 1, 10], [0, 2, 22, 1, 1, 10],
+                             [30, 2, 24, 1, 1, 40], [0, 3, 57, 1, 1, 10], [0, 1, 6, 1, 0, 10]]
+    # llama.cpp with 4 slots: the four requests, sent together, took slots 3, 2, 1, 0, so
+    # the step where the third's prompt (slot 1) joined the decodes on 2 and 3 was two
+    # ubatches, and the three decodes after it on 1, 2, 3 one
+    from servelab.llm.rules import SchedulingRule
+    from servelab.measure.llm_validate import ServerLimits, replay_slots
+
+    limits = ServerLimits(SchedulingRule.LLAMA_CPP, 4, 1024, 2048, "test")
+    assert replay_slots(rec, 4).tolist() == [3, 2, 1, 0]
+    assert steps_seen(rec, limits)[:, 3:5].tolist() == [[1, 1], [1, 1], [1, 1], [2, 2],
+                                                         [1, 1], [1, 0]]
     model = ProfileStepModel(base_ms=8.0, per_prefill_token_ms=1.0, per_decode_seq_ms=1.0,
                              per_kv_token_ms=0.0, rows=0, max_abs_error_pct=0.0, source="hand")
     steps = range(0, 300, 10)  # 30 steps of two sequences, 10 ms each
@@ -262,7 +273,7 @@ def test_steps_are_read_from_the_streams_chunk_times() -> None:
     assert "2 seq 10.0 ms vs 10.0 (+0%, 29 steps)" in note
     # a server that bunches tokens into chunks (vLLM when behind) shows no steps
     bunched = records([{"intended": 0, "done": 1, "chunks": [0, 10 * MS], "output": 5}])
-    assert steps_seen(bunched).shape == (0, 4)
+    assert steps_seen(bunched).shape == (0, 6)
     assert step_notes(steps_seen(bunched), model) == ()
 
 
@@ -327,3 +338,22 @@ def test_a_mixed_step_is_taken_only_where_the_prompt_joined_the_stream():
     joined = np.cumsum(np.r_[np.full(12, 5 * ms), 95 * ms, np.full(20, 6 * ms)])
     assert joined_gap(joined) == 11  # between the 12th chunk and the 13th
     assert joined_gap(np.array([0, 5 * ms, 10 * ms])) is None  # too short to tell
+
+
+def test_slots_are_replayed_by_least_recent_release() -> None:
+    """llama.cpp gives a request the idle slot released longest ago (of never-used slots
+    the highest id); a request finding every slot busy waits for the first to free."""
+    from servelab.measure.llm_validate import replay_slots
+
+    rec = records([{"intended": 0, "done": 10 * MS, "chunks": [MS]},
+                   {"intended": 0, "done": 20 * MS, "chunks": [MS]},
+                   {"intended": 30 * MS, "done": 40 * MS, "chunks": [31 * MS]},
+                   {"intended": 30 * MS, "done": 40 * MS, "chunks": [31 * MS]},
+                   {"intended": 35 * MS, "done": 50 * MS, "chunks": [41 * MS]},
+                   {"intended": 0, "done": 1, "chunks": [], "error": "HTTP 500"}])
+    # three slots: r0, r1 -> slots 2, 1; at 30 ms r2 -> slot 0 (never used), r3 -> slot
+    # 2 (released at 10 ms, before slot 1 at 20); r4 at 35 ms -> slot 1
+    assert replay_slots(rec, 3).tolist() == [2, 1, 0, 2, 1, -1]
+    # two slots: r0, r1 -> 1, 0; r2 -> 1 (released first), r3 -> 0; r4 finds both busy
+    # and waits to 40 ms, when r2 and r3 end, released in that order: it takes slot 1
+    assert replay_slots(rec, 2).tolist() == [1, 0, 1, 0, 1, -1]

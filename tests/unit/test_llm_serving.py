@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from servelab.errors import InputError
 from servelab.llm.serving import (
     Requests,
     SchedulerConfig,
@@ -418,6 +419,41 @@ def test_a_step_of_two_or_more_tokens_costs_its_own_term(tmp_path):
                                                       [(*x, true_ms(*x)) for x in many])))
     assert m2.multi_token_ms == 0.0
     assert m2.base_ms == pytest.approx(11.0, rel=1e-9)
+
+
+def test_rows_of_several_passes_pay_the_base_each(tmp_path):
+    """llama.cpp cuts a step into ubatches, each a pass over the model: a profile row
+    says its passes (and those of 2+ tokens), and the fit charges the base and the
+    multi-token term per pass; the same rows read as one pass each fit worse."""
+    from servelab.llm.serving import ProfileStepModel
+
+    def true_ms(p: int, d: int, kv: int, n: int, x: int) -> float:
+        return 3.0 * n + 1.3 * p + 0.7 * d + 0.002 * kv + 8.0 * x
+
+    pts = [(64, 0, 0, 1, 1), (192, 0, 0, 1, 1), (0, 1, 40, 1, 0), (0, 2, 80, 1, 1),
+           (0, 4, 160, 1, 1), (0, 2, 80, 2, 0), (0, 3, 120, 2, 1), (64, 3, 120, 2, 2),
+           (0, 1, 500, 1, 0)]
+    path = tmp_path / "steps.csv"
+    path.write_text("prefill_tokens,decode_seqs,kv_tokens_read,step_ms,passes,"
+                    "multi_token_passes\n"
+                    + "".join(f"{p},{d},{k},{true_ms(p, d, k, n, x)},{n},{x}\n"
+                              for p, d, k, n, x in pts))
+    m = ProfileStepModel.from_csv(str(path))
+    assert (m.base_ms, m.per_prefill_token_ms, m.per_decode_seq_ms, m.per_kv_token_ms,
+            m.multi_token_ms) == pytest.approx((3.0, 1.3, 0.7, 0.002, 8.0), rel=1e-9)
+    assert m.row_ms(64, 3, 120, 2, 2) == pytest.approx(true_ms(64, 3, 120, 2, 2))
+    one = _write_profile(tmp_path / "one.csv",
+                         [(p, d, k, true_ms(p, d, k, n, x)) for p, d, k, n, x in pts])
+    assert ProfileStepModel.from_csv(str(one)).max_abs_error_pct > 5
+    bad = tmp_path / "bad.csv"
+    bad.write_text(path.read_text().replace(",2,0\n", ",1,2\n"))
+    assert bad.read_text() != path.read_text()
+    with pytest.raises(InputError, match="multi_token_passes at most passes"):
+        ProfileStepModel.from_csv(str(bad))
+    half = tmp_path / "half.csv"
+    half.write_text(path.read_text().replace(",multi_token_passes", ",other"))
+    with pytest.raises(InputError, match="both of passes and multi_token_passes"):
+        ProfileStepModel.from_csv(str(half))
 
 
 def test_a_negative_term_is_dropped_not_kept(tmp_path):

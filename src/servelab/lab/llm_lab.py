@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,6 +42,9 @@ class LlmFit(BaseModel):
     overhead_ms: float = Field(0.0, ge=0, le=600_000)
     num_blocks: int = Field(ge=1, le=10_000_000)
     label: str = Field("", max_length=200)
+    # the server's scheduling rule: llama.cpp's slots and ubatches, or vLLM v1's
+    rule: Literal["vllm-v1", "llama.cpp"] = "vllm-v1"
+    ctx_per_slot: int | None = Field(None, ge=1, le=10_000_000)  # llama.cpp's -c / -np
 
 
 class LlmIn(BaseModel):
@@ -104,6 +107,9 @@ def _prepared(s: Scenario, fitted: LlmFit | None) -> tuple[Scenario, dict[str, A
     _checked(llm)
     if fitted is None:
         return s, {}
+    if fitted.rule == "llama.cpp":  # the server's slots and ubatches (llm/llama_cpp.py)
+        llm = replace(llm, scheduler="llama.cpp",
+                      context_tokens=fitted.ctx_per_slot or llm.context_tokens)
     return (replace(s, llm=replace(llm, num_gpu_blocks_override=fitted.num_blocks)),
             {"step_profile": _step_model(fitted),
              "step_params": StepParams(frontend_ms=fitted.overhead_ms)})

@@ -271,6 +271,9 @@ def nccl_allreduce(tp: int, gpu: GpuSpec) -> bool:
 
 
 PROFILE_COLUMNS = ("prefill_tokens", "decode_seqs", "kv_tokens_read", "step_ms")
+# optional: the passes over the model a row made, and of those the ones of 2+ tokens
+# (llama.cpp's ubatches); without them each row is one pass
+PROFILE_PASS_COLUMNS = ("passes", "multi_token_passes")
 MAX_PROFILE_ROWS = 1_000_000
 
 
@@ -306,20 +309,35 @@ class ProfileStepModel:
                 + self.per_kv_token_ms * kv_tokens_read
                 + (self.multi_token_ms if tokens >= 2 else 0.0)) / 1e3
 
+    def row_ms(self, prefill: float, decodes: float, kv: float, passes: float = 1,
+               multi_passes: float = 1) -> float:
+        """A profile row's time: `passes` over the model (`multi_passes` of 2+ tokens)
+        holding these prefill tokens, decodes and KV tokens read in all."""
+        return (self.base_ms * passes + self.per_prefill_token_ms * prefill
+                + self.per_decode_seq_ms * decodes + self.per_kv_token_ms * kv
+                + self.multi_token_ms * multi_passes)
+
     @classmethod
     def fit(cls, prefill: np.ndarray, decode: np.ndarray, kv: np.ndarray, step_ms: np.ndarray,
-            source: str = "", relative: bool = False) -> ProfileStepModel:
+            source: str = "", relative: bool = False, passes: np.ndarray | None = None,
+            multi_passes: np.ndarray | None = None) -> ProfileStepModel:
         """Least squares, in ms or (`relative`) in each step's share of its own time: the
         latter when steps span orders of magnitude (10 ms decodes beside 500 ms prefills),
-        where plain least squares lets the long steps set the short ones' intercept."""
-        multi = (prefill + decode >= 2).astype(np.float64)
-        x = np.column_stack([np.ones(prefill.size), prefill, decode, kv, multi]
-                            ).astype(np.float64)
+        where plain least squares lets the long steps set the short ones' intercept.
+
+        A row may be several passes over the model (llama.cpp's ubatches, llm/llama_cpp.py):
+        `passes` of them, `multi_passes` of two or more tokens, each paying the base and
+        the multi-token term, its other features summed over them. Default: one pass."""
+        ones = np.ones(prefill.size)
+        n_pass = ones if passes is None else np.asarray(passes, np.float64)
+        multi = (np.asarray((prefill + decode >= 2), np.float64) if multi_passes is None
+                 else np.asarray(multi_passes, np.float64))
+        x = np.column_stack([n_pass, prefill, decode, kv, multi]).astype(np.float64)
         y = np.asarray(step_ms, dtype=np.float64)
         w = 1.0 / np.maximum(y, 1e-9) if relative else np.ones_like(y)
-        # the multi-token term only where one-token steps and longer ones both were seen:
-        # otherwise it cannot be told from the base
-        keep = [0, 1, 2, 3, 4] if 0 < multi.sum() < multi.size else [0, 1, 2, 3]
+        # the multi-token term only where passes of one token and longer ones both were
+        # seen: otherwise it cannot be told from the base
+        keep = [0, 1, 2, 3, 4] if (multi > 0).any() and (multi < n_pass).any() else [0, 1, 2, 3]
         from scipy.optimize import nnls  # here: the simulator alone never needs SciPy
 
         coef = np.zeros(5)
@@ -337,19 +355,29 @@ class ProfileStepModel:
         from servelab.files import read_csv_columns
 
         cols = read_csv_columns(path, "--step-profile", PROFILE_COLUMNS,
-                                max_rows=MAX_PROFILE_ROWS)
+                                max_rows=MAX_PROFILE_ROWS, optional=PROFILE_PASS_COLUMNS)
         prefill, decode, kv, ms = (cols[c] for c in PROFILE_COLUMNS)
-        for name, v in zip(PROFILE_COLUMNS, (prefill, decode, kv, ms), strict=True):
-            if not (np.isfinite(v).all() and (v >= 0).all()):
+        passes, multi = (cols.get(c) for c in PROFILE_PASS_COLUMNS)
+        if (passes is None) != (multi is None):
+            raise invalid("--step-profile", path, "both of passes and multi_token_passes, "
+                          "or neither", "add the missing column or drop the other")
+        for name, v in zip(PROFILE_COLUMNS + PROFILE_PASS_COLUMNS,
+                           (prefill, decode, kv, ms, passes, multi), strict=True):
+            if v is not None and not (np.isfinite(v).all() and (v >= 0).all()):
                 raise invalid(f"--step-profile column {name}", path, "finite numbers >= 0",
                               "fix or drop the rows with negative or missing values")
+        if passes is not None and multi is not None and not (
+                (passes >= 1).all() and (multi <= passes).all()):
+            raise invalid("--step-profile column passes", path, "at least 1 a row, and "
+                          "multi_token_passes at most passes", "fix those rows")
         if ms.size < 4 or not (ms > 0).all():
             raise invalid("--step-profile", path, "at least 4 steps, each step_ms > 0",
                           "record more steps (prefills and decodes at several batch sizes)")
         if not ((prefill > 0).any() and (decode > 0).any()):
             raise invalid("--step-profile", path, "steps with prefill tokens and steps with "
                           "decode sequences", "record both kinds of step")
-        return cls.fit(prefill, decode, kv, ms, source=path, relative=True)
+        return cls.fit(prefill, decode, kv, ms, source=path, relative=True, passes=passes,
+                       multi_passes=multi)
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,6 +645,20 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                     release(t)
         kv_t.append(t)
         kv_b.append(pool - free)
+    return serving_result(order, arrival, first, done, output, preempt, rejected, gen,
+                          kv_t, kv_b, pre_t, steps=steps, busy_s=busy, end_s=t,
+                          running_sum=running_sum, prefill_tokens=prefill_tok,
+                          decode_tokens=decode_tok)
+
+
+def serving_result(order: np.ndarray, arrival: list[float], first: list[float],
+                   done: list[float], output: list[int], preempt: list[int],
+                   rejected: list[bool], gen: list[int], kv_t: list[float], kv_b: list[int],
+                   pre_t: list[float], **totals: Any) -> ServingResult:
+    """A simulation's per-request lists (in the arrival `order` it ran them) as a
+    ServingResult in the requests' own order; `totals`: the run's counts (steps,
+    busy_s, end_s, running_sum, prefill_tokens, decode_tokens)."""
+    n = order.size
     arr = np.asarray(arrival)
     first_a = np.asarray(first)
     done_a = np.asarray(done)
@@ -627,13 +669,11 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     inv[order] = np.arange(n)
     thin = max(1, len(kv_t) // KV_SAMPLES)
     return ServingResult(
-        sent_s=arr[inv], ttft_s=(first_a - arr)[inv], tpot_s=tpot[inv], e2e_s=(done_a - arr)[inv],
-        preemptions=np.asarray(preempt)[inv], rejected=np.asarray(rejected)[inv],
-        generated=np.asarray(gen)[inv],
-        steps=steps, busy_s=busy, end_s=t, running_sum=running_sum,
-        prefill_tokens=prefill_tok, decode_tokens=decode_tok,
+        sent_s=arr[inv], ttft_s=(first_a - arr)[inv], tpot_s=tpot[inv],
+        e2e_s=(done_a - arr)[inv], preemptions=np.asarray(preempt, np.int64)[inv],
+        rejected=np.asarray(rejected, bool)[inv], generated=np.asarray(gen)[inv],
         kv_time_s=np.asarray(kv_t[::thin]), kv_blocks=np.asarray(kv_b[::thin]),
-        preempt_time_s=np.asarray(pre_t))
+        preempt_time_s=np.asarray(pre_t), **totals)
 
 
 # -- the whole deployment -------------------------------------------------------------
@@ -768,11 +808,13 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               memory_efficiency: float | None = None, overhead_ms: float | None = None,
               step_profile: ProfileStepModel | None = None,
               step_params: StepParams | None = None,
-              prefill_first: bool = False) -> ServingReport:
+              prefill_first: bool = False, llama_cpp: bool = False) -> ServingReport:
     """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
     among them at random (a Poisson stream split at random stays Poisson). Step times
     come from the roofline, or from `step_profile` (a measured profile, fitted) when
-    given: measured on one tensor-parallel group of this deployment."""
+    given: measured on one tensor-parallel group of this deployment. `llama_cpp`: each
+    replica is llama.cpp's server instead (llm/llama_cpp.py), `max_num_seqs` slots of
+    `context_tokens` each, `max_num_batched_tokens` its n_batch."""
     if not 1 <= replicas <= 10_000:
         raise invalid("--replicas", replicas, "1 to 10,000", "e.g. --replicas 2")
     if workload.max_concurrency and replicas > 1:
@@ -803,6 +845,18 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                           enable_prefix_caching=enable_prefix_caching,
                           prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share,
                           prefill_first=prefill_first)
+    if llama_cpp:
+        from servelab.llm.llama_cpp import LlamaCppConfig, simulate_llama_cpp
+
+        lcfg = LlamaCppConfig(spec.max_num_seqs, spec.context_tokens,
+                              spec.max_num_batched_tokens)
+        lcfg.check()
+
+        def one_replica(sub: Requests) -> ServingResult:
+            return simulate_llama_cpp(sub, lcfg, model, workload.max_concurrency)
+    else:
+        def one_replica(sub: Requests) -> ServingResult:
+            return simulate_serving(sub, cfg, model, workload.max_concurrency)
     req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
     which = np.random.default_rng(workload.seed + 1).integers(0, replicas, req.arrival_s.size)
     parts = []
@@ -811,7 +865,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         if sel.any():
             sub = Requests(req.arrival_s[sel], req.prompt[sel], req.output[sel],
                            req.prefix_hit[sel])
-            parts.append((sel, simulate_serving(sub, cfg, model, workload.max_concurrency)))
+            parts.append((sel, one_replica(sub)))
     n = req.arrival_s.size
     sent = req.arrival_s.astype(np.float64)
     ttft, tpot, e2e = (np.full(n, np.nan) for _ in range(3))

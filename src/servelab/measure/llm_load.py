@@ -311,7 +311,8 @@ async def run_step(session: aiohttp.ClientSession, ep: Endpoint, requests: list[
     offsets = plan.offsets_s(n, seed)
     intended = np.rint(offsets * 1e9).astype(np.int64)
     bodies = [request_body(chat=ep.chat, model=ep.model, prompt=r.prompt,
-                           max_tokens=r.max_tokens, ignore_eos=ignore_eos) for r in requests]
+                           max_tokens=r.max_tokens, ignore_eos=ignore_eos, id_slot=r.id_slot)
+              for r in requests]
     outs = [StreamTiming() for _ in range(n)]
     eff_intended = intended.copy()
     slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None

@@ -14,8 +14,12 @@ simulator's step model to it, load it, and set the prediction beside the measure
      is a step of c decodes reading their KV;
    - mixed: a prompt joining running decodes, the longest gap in a running stream (the
      steps a load makes; prefill alone put their fixed cost 12-20 ms short);
+   - llama.cpp: every profile request pinned to a slot (`id_slot`: prefills on 0, c
+     decodes on 0 .. c-1, a joining prompt on c), so each row knows the ubatches (passes
+     over the model) the server cut its step into (llm/llama_cpp.py);
    - fit: `ProfileStepModel` (step_ms = base + per prefill token + per decode sequence
-     + per KV token read, each ≥ 0) by least squares in relative error over those rows
+     + per KV token read, each ≥ 0; base and multi-token term per pass) by least squares
+     in relative error over those rows
      (10 ms decode steps beside 500 ms prefills: in plain ms the prefills set the
      intercept and the decodes came out 20% short against llama-server);
 3. **saturation**: the throughput with the server always full (a closed loop of twice
@@ -24,7 +28,10 @@ simulator's step model to it, load it, and set the prediction beside the measure
    same intended arrival times and the lengths the server counted; TTFT and E2EL get the
    overhead added (it is outside the steps);
    Before each, a **probe** (one decode stream, as the profile's first decode row) says
-   how far the server's speed has moved since the profile (noted past 5%);
+   how far the server's speed has moved since the profile (noted past 5%); against
+   llama.cpp, a short request on each slot, highest id first, then sets the server's
+   least-recently-used order to a fresh server's, the order the simulator starts from
+   (`touch_slots`; also before the saturation run);
 5. **compare**: TTFT, TPOT and E2EL p50/p90/p99 and throughput, predicted / measured
    with % error, judged against ±10% (p50), ±15% (p90), ±20% (p99), ±5% (throughput),
    ±10% (saturation); a diagnosis: the client (sent late?), the scheduling (the steps
@@ -40,20 +47,28 @@ import itertools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 import aiohttp
 import numpy as np
 
 from servelab.errors import StoreError, invalid
-from servelab.llm.rules import LLAMA_CPP_N_BATCH, SchedulingRule, llama_cpp, vllm_v1
+from servelab.llm.llama_cpp import LlamaCppConfig, Seq, split_equal
+from servelab.llm.rules import (
+    LLAMA_CPP_N_BATCH,
+    LLAMA_CPP_N_UBATCH,
+    SchedulingRule,
+    llama_cpp,
+    simulate,
+    vllm_v1,
+)
 from servelab.llm.serving import (
     ProfileStepModel,
     Requests,
     SchedulerConfig,
     ServingResult,
-    simulate_serving,
 )
 from servelab.measure.llm_load import (
     Endpoint,
@@ -102,12 +117,26 @@ class ServerLimits:
     ctx_per_slot: int
     max_num_batched_tokens: int
     source: str
+    n_ubatch: int = LLAMA_CPP_N_UBATCH  # llama.cpp's -ub (not reported: its default)
 
-    def scheduler(self) -> SchedulerConfig:
+    @property
+    def num_blocks(self) -> int:
+        """The KV the slots hold, in 16-token blocks."""
+        return self.slots * -(-self.ctx_per_slot // 16)
+
+    def scheduler(self) -> SchedulerConfig | LlamaCppConfig:
         if self.rule is SchedulingRule.LLAMA_CPP:
-            return llama_cpp(self.slots, self.ctx_per_slot, self.max_num_batched_tokens)
-        blocks = self.slots * -(-self.ctx_per_slot // 16)
-        return vllm_v1(blocks, 16, self.slots, self.max_num_batched_tokens)
+            return llama_cpp(self.slots, self.ctx_per_slot, self.max_num_batched_tokens,
+                             self.n_ubatch)
+        return vllm_v1(self.num_blocks, 16, self.slots, self.max_num_batched_tokens)
+
+    def passes(self, batch: list[Seq]) -> tuple[int, int]:
+        """The passes over the model the server makes of a batch (llama.cpp: its
+        ubatches; vLLM: one), and how many of them hold two or more tokens."""
+        if self.rule is SchedulingRule.LLAMA_CPP:
+            ub = split_equal(batch, self.n_ubatch)
+            return len(ub), sum(u.tokens >= 2 for u in ub)
+        return 1, int(sum(s.new for s in batch) >= 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +150,26 @@ class Profile:
     overhead_ms: float
     model: ProfileStepModel
     server_timed: bool  # prefill steps from the server's own timings
+    # each row's passes over the model (llama.cpp's ubatches) and those of 2+ tokens
+    passes: tuple[int, ...] = ()
+    multi_passes: tuple[int, ...] = ()
+
+    def pass_columns(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """passes and multi_passes, one pass a row where the profile did not say."""
+        if self.passes:
+            return self.passes, self.multi_passes
+        return ((1,) * len(self.step_ms),
+                tuple(int(p + d >= 2) for p, d in zip(self.prefill_tokens, self.decode_seqs,
+                                                       strict=True)))
 
     def to_dict(self) -> dict[str, Any]:
         m = self.model
+        passes, multi = self.pass_columns()
         return {"rows": [{"prefill_tokens": p, "decode_seqs": d, "kv_tokens_read": k,
-                          "step_ms": s} for p, d, k, s in zip(
+                          "step_ms": s, "passes": n, "multi_token_passes": x}
+                         for p, d, k, s, n, x in zip(
                               self.prefill_tokens, self.decode_seqs, self.kv_tokens_read,
-                              self.step_ms, strict=True)],
+                              self.step_ms, passes, multi, strict=True)],
                 "overhead_ms": self.overhead_ms, "server_timed": self.server_timed,
                 "step_model": {"base_ms": m.base_ms,
                                "per_prefill_token_ms": m.per_prefill_token_ms,
@@ -140,7 +182,8 @@ class Profile:
                       prompt_tokens: float, output_tokens: float) -> str:
         """A scenario `servelab llm simulate --scenario` runs: this profile (steps.csv
         beside it), the server's limits and the load's mean lengths."""
-        blocks = limits.scheduler().num_blocks
+        blocks = limits.num_blocks
+        rule = "llama.cpp" if limits.rule is SchedulingRule.LLAMA_CPP else "v1"
         return f"""# Fitted by `servelab llm validate` against {endpoint} ({limits.rule} rule).
 # Step times come from steps.csv (fitted as validate fitted them) and the KV pool from
 # num_gpu_blocks_override; [llm] model and the GPU only name the deployment;
@@ -149,6 +192,7 @@ name = "fitted"
 description = "llm validate's fit of {endpoint}"
 
 [llm]
+scheduler = "{rule}"
 step_profile_csv = "steps.csv"
 num_gpu_blocks_override = {blocks}
 block_size = 16
@@ -166,10 +210,10 @@ output_tokens = {output_tokens:.6g}
 
     def csv(self) -> str:
         """The rows as `llm simulate --step-profile` reads them."""
-        lines = ["prefill_tokens,decode_seqs,kv_tokens_read,step_ms"]
-        lines += [f"{p},{d},{k:.1f},{s:.4f}" for p, d, k, s in zip(
+        lines = ["prefill_tokens,decode_seqs,kv_tokens_read,step_ms,passes,multi_token_passes"]
+        lines += [f"{p},{d},{k:.1f},{s:.4f},{n},{x}" for p, d, k, s, n, x in zip(
             self.prefill_tokens, self.decode_seqs, self.kv_tokens_read, self.step_ms,
-            strict=True)]
+            *self.pass_columns(), strict=True)]
         return "\n".join(lines) + "\n"
 
 
@@ -263,7 +307,8 @@ class LlmValidationReport:
                 "limits": {"rule": str(lim.rule), "slots": lim.slots,
                            "ctx_per_slot": lim.ctx_per_slot,
                            "max_num_batched_tokens": lim.max_num_batched_tokens,
-                           "num_blocks": lim.scheduler().num_blocks, "source": lim.source},
+                           "n_ubatch": lim.n_ubatch, "num_blocks": lim.num_blocks,
+                           "source": lim.source},
                 "profile": self.profile.to_dict(), "saturation": self.saturation.to_dict(),
                 "rates": [r.to_dict() for r in self.rates],
                 "workload": {"input_tokens": self.input_tokens,
@@ -306,6 +351,8 @@ async def discover_limits(session: aiohttp.ClientSession, base: str, rule: Sched
     nb = n_batch or LLAMA_CPP_N_BATCH
     if n_batch is None:
         src += f"; max_num_batched_tokens {nb} is llama.cpp's default -b (not reported)"
+    if rule is SchedulingRule.LLAMA_CPP:
+        src += f"; n_ubatch {LLAMA_CPP_N_UBATCH} is its default -ub (not reported)"
     limits = ServerLimits(rule, s, c, nb, src)
     limits.scheduler().check()
     return limits
@@ -342,8 +389,20 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     rows_d: list[int] = []
     rows_k: list[float] = []
     rows_ms: list[float] = []
+    rows_n: list[int] = []  # passes over the model (llama.cpp's ubatches)
+    rows_x: list[int] = []  # of those, the ones of two or more tokens
     overheads: list[float] = []
     timed = True
+    pin = limits.rule is SchedulingRule.LLAMA_CPP
+
+    def add(batch: list[Seq], ms: float) -> None:
+        n, x = limits.passes(batch)
+        rows_p.append(sum(s.new for s in batch if not s.decode))
+        rows_d.append(sum(s.decode for s in batch))
+        rows_k.append(float(sum(s.context for s in batch)))
+        rows_ms.append(ms)
+        rows_n.append(n)
+        rows_x.append(x)
     # prompt indices of their own: nothing shared with the load steps, nor (the words
     # spelling the index come first) with another seed's profile
     index = seeded_index(PROFILE_INDEX, seed)
@@ -351,7 +410,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
         reqs = random_requests(2, input_len=length, output_len=2, tokens_per_word=tpw,
                                seed=seed, first_index=index)
         index += 2
-        for r in reqs:  # one at a time
+        for r in pinned(reqs, 0, pin):  # one at a time
             before = await read_metrics(session, ep.base)
             rec = await _at_once(session, ep, [r], "a prefill")
             after = await read_metrics(session, ep.base)
@@ -362,10 +421,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
                 server_ms = engine_prefill_ms(counter_diff(before, after))
             step_ms = server_ms if server_ms > 0 else ttft_ms
             timed &= server_ms > 0
-            rows_p.append(int(rec.prompt_tokens[0]))
-            rows_d.append(0)
-            rows_k.append(0.0)
-            rows_ms.append(step_ms)
+            add([Seq(0, int(rec.prompt_tokens[0]), 0, False, True)], step_ms)
             overheads.append(ttft_ms - step_ms)
     say(f"profile: prefill at {', '.join(map(str, PREFILL_LENGTHS))} tokens")
     # each count a small server's load runs (under load three streams' steps have run
@@ -373,33 +429,39 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     levels = sorted({*range(1, min(limits.slots, DECODE_EACH_UP_TO) + 1), limits.slots})
     for prompt_len in DECODE_PROMPTS:
         for c in levels:
-            gap, prompt = await _decode_step_ms(session, ep, c, prompt_len, tpw, index, seed)
+            gap, prompt = await _decode_step_ms(session, ep, c, prompt_len, tpw, index, seed,
+                                                pin)
             index += c * DECODE_REPEATS
-            rows_p.append(0)
-            rows_d.append(c)
-            rows_k.append(c * (prompt + SKIP_GAPS + (DECODE_TOKENS - SKIP_GAPS) / 2))
-            rows_ms.append(gap)
+            context = round(prompt + SKIP_GAPS + (DECODE_TOKENS - SKIP_GAPS) / 2)
+            add([Seq(s, 1, context, True, True) for s in range(c)], gap)
     say(f"profile: decode with {', '.join(map(str, levels))} sequences at once, after "
         f"{' and '.join(map(str, DECODE_PROMPTS))}-token prompts")
     for prompt_len in MIXED_PROMPTS:
-        for c in sorted({1, max(1, limits.slots - 1)}):
-            row = await _mixed_step(session, ep, prompt_len, c, tpw, index, seed)
+        # c decodes on slots 0 .. c-1, the prompt on slot c (pinned, for llama.cpp)
+        for c in sorted({1, max(1, limits.slots - 1)} & set(range(1, limits.slots))):
+            row = await _mixed_step(session, ep, prompt_len, c, tpw, index, seed, pin)
             index += c + 1
             if row is None:
                 say(f"profile: a {prompt_len}-token prompt did not join {c} running "
                     "decode(s); that mixed step is left out")
                 continue
-            rows_p.append(row[0])
-            rows_d.append(c)
-            rows_k.append(row[1])
-            rows_ms.append(row[2])
+            add([Seq(s, 1, round(row[1]), True, True) for s in range(c)]
+                + [Seq(c, row[0], 0, False, True)], row[2])
     say(f"profile: a prompt of {' and '.join(map(str, MIXED_PROMPTS))} tokens joining "
         "running decodes")
     model = ProfileStepModel.fit(np.array(rows_p, float), np.array(rows_d, float),
                                  np.array(rows_k), np.array(rows_ms), source="llm validate",
-                                 relative=True)
+                                 relative=True, passes=np.array(rows_n, float),
+                                 multi_passes=np.array(rows_x, float))
     return Profile(tuple(rows_p), tuple(rows_d), tuple(rows_k), tuple(rows_ms),
-                   max(0.0, float(np.median(overheads))), model, timed)
+                   max(0.0, float(np.median(overheads))), model, timed, tuple(rows_n),
+                   tuple(rows_x))
+
+
+def pinned(reqs: list[LlmRequest], first_slot: int, pin: bool) -> list[LlmRequest]:
+    """The requests on slots first_slot, first_slot + 1, ... (llama.cpp's `id_slot`), so
+    the profile knows the ubatches its steps made; unchanged where `pin` is False."""
+    return [replace(r, id_slot=first_slot + k) if pin else r for k, r in enumerate(reqs)]
 
 
 def engine_prefill_ms(diff: dict[str, float]) -> float:
@@ -421,24 +483,27 @@ def engine_steps(diff: dict[str, float]) -> float | None:
 
 
 async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: int, c: int,
-                      tpw: float, index: int, seed: int) -> tuple[int, float, float] | None:
-    """c decode streams running, then a prompt joins them: the step that holds both is
-    the longest gap in the first stream. (prefill tokens, KV read, its ms); None where
+                      tpw: float, index: int, seed: int, pin: bool = False
+                      ) -> tuple[int, float, float] | None:
+    """c decode streams running, then a prompt joins them (`pin`: the streams on slots
+    0 .. c-1, the prompt on slot c): the step that holds both is the longest gap in the
+    first stream. (prefill tokens, each stream's context then, its ms); None where
     that gap is no longer than a decode's (the stream ended before the prompt came, or
     the server ran the prompt apart from it): no mixed step was seen."""
     streams = random_requests(c, input_len=DECODE_PROMPT_MIXED, output_len=MIXED_TOKENS,
                               tokens_per_word=tpw, seed=seed, first_index=index)
     joiner = random_requests(1, input_len=prompt_len, output_len=2, tokens_per_word=tpw,
                              seed=seed, first_index=index + c)
-    running = asyncio.ensure_future(_at_once(session, ep, streams, "a mixed-step"))
+    running = asyncio.ensure_future(_at_once(session, ep, pinned(streams, 0, pin),
+                                             "a mixed-step"))
     await asyncio.sleep(MIXED_DELAY_S)
-    joined = await _at_once(session, ep, joiner, "a mixed-step")
+    joined = await _at_once(session, ep, pinned(joiner, c, pin), "a mixed-step")
     rec = await running
     k = joined_gap(np.asarray(rec.chunk_ns[0]))
     if k is None:
         return None
     context = float(np.mean(rec.prompt_tokens)) + k + 1
-    return (int(joined.prompt_tokens[0]), c * context,
+    return (int(joined.prompt_tokens[0]), context,
             float(rec.chunk_ns[0][k + 1] - rec.chunk_ns[0][k]) / 1e6)
 
 
@@ -474,18 +539,40 @@ async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmR
 
 
 async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
-                          prompt_len: int, tpw: float, index: int, seed: int
-                          ) -> tuple[float, float]:
-    """c decode streams at once after prompts of `prompt_len`: the median gap mid-stream,
-    the least of DECODE_REPEATS runs (noise only adds time), and the prompts' mean tokens.
-    Uses the prompt indices index .. index + c * DECODE_REPEATS."""
+                          prompt_len: int, tpw: float, index: int, seed: int,
+                          pin: bool = False) -> tuple[float, float]:
+    """c decode streams at once after prompts of `prompt_len` (`pin`: on slots 0 .. c-1):
+    the median gap mid-stream, the least of DECODE_REPEATS runs (noise only adds time),
+    and the prompts' mean tokens. Uses the prompt indices index .. index + c *
+    DECODE_REPEATS."""
     gaps = []
     for k in range(DECODE_REPEATS):
         reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
                                tokens_per_word=tpw, seed=seed, first_index=index + k * c)
-        rec = await _at_once(session, ep, reqs, "a decode")
+        rec = await _at_once(session, ep, pinned(reqs, 0, pin), "a decode")
         gaps.append(float(np.median([_median_gap_ms(rec, i) for i in range(c)])))
     return min(gaps), float(np.mean(rec.prompt_tokens))
+
+
+TOUCH_INDEX = 30_000_000  # the slot touches' prompt indices
+TOUCH_TOKENS = 8
+
+
+async def touch_slots(session: aiohttp.ClientSession, ep: Endpoint, slots: int, tpw: float,
+                      index: int, seed: int) -> None:
+    """One short request on each llama.cpp slot in turn, the highest id first, so the
+    server's least-recently-used order is the one a fresh server has and the simulator
+    starts from: the highest id taken first, then the next down. Without it a load
+    step's requests take slots in an order set by whatever ran before (measured
+    2026-12-04: after two probes the server took slots 1, 0, 3, 2 where a fresh one takes
+    3, 2, 1, 0, and which slots decode together sets how many ubatches a step makes)."""
+    reqs = random_requests(slots, input_len=TOUCH_TOKENS, output_len=1, tokens_per_word=tpw,
+                           seed=seed, first_index=index)
+    for s, r in zip(range(slots - 1, -1, -1), reqs, strict=True):
+        rec = await run_step(session, ep, [replace(r, id_slot=s)], LoadPlan(rate=math.inf),
+                             seed=0, timeout_s=600, ignore_eos=True)
+        if rec.errors[0]:
+            raise StoreError(f"the slot touch before a load step failed ({rec.errors[0]})")
 
 
 async def probe_decode_ms(session: aiohttp.ClientSession, ep: Endpoint, tpw: float,
@@ -511,17 +598,55 @@ STEP_GROUP_NS = 1_500_000  # one step's chunks leave the server within this of e
 STEP_NOTE_MIN = 20  # decode steps of one size seen at least this often are noted
 
 
-def steps_seen(rec: RunRecords) -> np.ndarray:
+def replay_slots(rec: RunRecords, slots: int) -> np.ndarray:
+    """Which llama.cpp slot each completed request ran in, replayed from the client's
+    times with the server's rule (llm/llama_cpp.py): first come first served, each
+    request to the idle slot least recently released (of never-used slots the highest
+    id). A slot is freed when its last token came: the server releases it as it sends
+    the end of the stream, which reaches the client later, and a request sent in
+    between found the slot free. -1 where a request did not complete, or where the
+    client's times cannot tell (a request that ended while the replay still had it
+    waiting)."""
+    ok = np.flatnonzero(rec.ok)
+    out = np.full(rec.ok.size, -1, np.int64)
+    end = [int(rec.chunk_ns[i][-1]) if rec.chunk_ns[i].size else int(rec.done_ns[i])
+           for i in range(rec.ok.size)]
+    # events in time order: a release (0) before an arrival (1) at the same instant
+    ev = sorted([(end[i], 0, int(i)) for i in ok]
+                + [(int(rec.sent_ns[i]), 1, int(i)) for i in ok])
+    last_used: list[tuple[int, int]] = [(-1, 0)] * slots
+    holder = [-1] * slots
+    waiting: list[int] = []
+    for t, kind, i in ev:
+        if kind == 1:
+            waiting.append(i)
+        elif out[i] >= 0:
+            holder[out[i]] = -1
+            last_used[out[i]] = (t, i)
+        elif i in waiting:
+            waiting.remove(i)
+        while waiting and -1 in holder:
+            s = min((x for x in range(slots) if holder[x] < 0),
+                    key=lambda x: (last_used[x], -x))
+            holder[s] = waiting.pop(0)
+            out[holder[s]] = s
+    return out
+
+
+def steps_seen(rec: RunRecords, limits: ServerLimits | None = None) -> np.ndarray:
     """The server's steps as the streams show them, where each chunk is one token
     (llama.cpp): chunks within STEP_GROUP_NS of each other came out of one step, and a
     step's time is the gap from the step before, kept only where the server was busy in
     between (every decode in the step had its previous token in the step before; a gap
     after idle would read as a long step). Rows: prefill tokens (prompts whose first
-    token the step made), decode sequences, KV tokens read, measured ms; empty where
-    the server bunches tokens into chunks."""
+    token the step made), decode sequences, KV tokens read, passes over the model and
+    those of 2+ tokens (`limits.passes`, from the slots `replay_slots` gives; one pass
+    without `limits`), measured ms; empty where the server bunches tokens into chunks."""
     ok = np.flatnonzero(rec.ok)
     if not ok.size or any(rec.chunk_ns[i].size != rec.output_tokens[i] for i in ok):
-        return np.zeros((0, 4))
+        return np.zeros((0, 6))
+    slot = (replay_slots(rec, limits.slots) if limits is not None
+            else np.zeros(rec.ok.size, np.int64))
     ev = sorted((int(t), int(i), k) for i in ok for k, t in enumerate(rec.chunk_ns[i]))
     groups: list[list[tuple[int, int, int]]] = []
     for e in ev:
@@ -535,10 +660,16 @@ def steps_seen(rec: RunRecords) -> np.ndarray:
         decodes = [(i, k) for _, i, k in step if k > 0]
         if not decodes or any((i, k - 1) not in prev for i, k in decodes):
             continue
-        prefill = sum(int(rec.prompt_tokens[i]) for _, i, k in step if k == 0)
-        kv = sum(int(rec.prompt_tokens[i]) + k for i, k in decodes)
-        rows.append((prefill, len(decodes), kv, (step[0][0] - before[0][0]) / 1e6))
-    return np.array(rows, float).reshape(-1, 4)
+        batch = sorted((Seq(int(slot[i]), 1, int(rec.prompt_tokens[i]) + k, True, True)
+                        for i, k in decodes), key=attrgetter("slot")) + sorted(
+            (Seq(int(slot[i]), int(rec.prompt_tokens[i]), 0, False, True)
+             for _, i, k in step if k == 0), key=attrgetter("slot"))
+        n, x = (limits.passes(batch) if limits is not None
+                else (1, int(sum(b.new for b in batch) >= 2)))
+        rows.append((sum(b.new for b in batch if not b.decode), len(decodes),
+                     sum(b.context for b in batch if b.decode), n, x,
+                     (step[0][0] - before[0][0]) / 1e6))
+    return np.array(rows, float).reshape(-1, 6)
 
 
 def step_notes(rows: np.ndarray, model: ProfileStepModel) -> tuple[str, ...]:
@@ -549,9 +680,9 @@ def step_notes(rows: np.ndarray, model: ProfileStepModel) -> tuple[str, ...]:
         sel = (rows[:, 0] == 0) & (rows[:, 1] == c)
         if sel.sum() < STEP_NOTE_MIN:
             continue
-        measured = float(np.median(rows[sel, 3]))
-        model_ms = float(np.median([model.step_s(c, 0.0, kv, c) * 1e3
-                                    for kv in rows[sel, 2]]))
+        measured = float(np.median(rows[sel, 5]))
+        model_ms = float(np.median([model.row_ms(0, c, kv, n, x)
+                                    for kv, n, x in rows[sel, 2:5]]))
         parts.append(f"{c} seq {measured:.1f} ms vs {model_ms:.1f} "
                      f"({(model_ms - measured) / measured * 100:+.0f}%, {int(sel.sum())} steps)")
     if not parts:
@@ -588,10 +719,11 @@ def given_run_steps(rec: RunRecords, seen: np.ndarray, limits: ServerLimits,
     if seen.shape[0] < STEP_NOTE_MIN:
         return ()
     rows = np.column_stack([profile.prefill_tokens, profile.decode_seqs,
-                            profile.kv_tokens_read, profile.step_ms])
+                            profile.kv_tokens_read, *profile.pass_columns(), profile.step_ms])
     both = np.vstack([rows, seen])
-    model = ProfileStepModel.fit(both[:, 0], both[:, 1], both[:, 2], both[:, 3],
-                                 source="the profile and this load's steps", relative=True)
+    model = ProfileStepModel.fit(both[:, 0], both[:, 1], both[:, 2], both[:, 5],
+                                 source="the profile and this load's steps", relative=True,
+                                 passes=both[:, 3], multi_passes=both[:, 4])
     again = simulate_same(rec, limits, profile, model=model)
     return _figures(rec, again, profile.overhead_ms)
 
@@ -622,7 +754,7 @@ def simulate_same(rec: RunRecords, limits: ServerLimits, profile: Profile,
                    prompt=np.maximum(rec.prompt_tokens[ok], 1),
                    output=np.maximum(rec.output_tokens[ok], 1),
                    prefix_hit=np.zeros(int(ok.sum()), bool))
-    return simulate_serving(req, limits.scheduler(), model or profile.model, max_concurrency)
+    return simulate(req, limits.scheduler(), model or profile.model, max_concurrency)
 
 
 def _figures(rec: RunRecords, sim: ServingResult, overhead_ms: float) -> tuple[Compared, ...]:
@@ -673,7 +805,14 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             first += n
             return reqs
 
+        touches = itertools.count(seeded_index(TOUCH_INDEX, seed), limits.slots)
+
+        async def touch() -> None:  # llama.cpp: its slots' order as a fresh server's
+            if limits.rule is SchedulingRule.LLAMA_CPP:
+                await touch_slots(session, ep, limits.slots, tpw, next(touches), seed)
+
         conc = 2 * limits.slots
+        await touch()
         rec = await run_step(session, ep, workload(num_prompts),
                              LoadPlan(max_concurrency=conc), seed=seed, timeout_s=600,
                              ignore_eos=True)
@@ -692,6 +831,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             probed = await probe_decode_ms(session, ep, tpw,
                                            seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
             drift = (probed - profiled) / profiled * 100
+            await touch()
             before = await read_metrics(session, ep.base)
             rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),
                                  seed=seed + k + 1, timeout_s=600, ignore_eos=True)
@@ -703,7 +843,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             steps_measured = engine_steps(counters)
             own = server_tpot_ms(rec)
             own_p50 = float(np.median(own)) if own.size else None
-            seen = steps_seen(rec)
+            seen = steps_seen(rec, limits)
             given = given_run_steps(rec, seen, limits, profile)
             notes = (_diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
                                drift, own_p50) + step_notes(seen, profile.model)

@@ -46,6 +46,9 @@ class LlmRequest:
 
     prompt: str
     max_tokens: int
+    # llama.cpp's `id_slot`: the slot to run in (validate's profile pins its requests, so
+    # it knows which ubatches each step made); None: the server chooses
+    id_slot: int | None = None
 
 
 @cache

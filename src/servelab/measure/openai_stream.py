@@ -45,8 +45,9 @@ class StreamTiming:
 
 
 def request_body(*, chat: bool, model: str, prompt: str, max_tokens: int, ignore_eos: bool,
-                 temperature: float = 0.0) -> bytes:
-    """The JSON body vLLM's benchmark sends (greedy, streamed, with usage)."""
+                 temperature: float = 0.0, id_slot: int | None = None) -> bytes:
+    """The JSON body vLLM's benchmark sends (greedy, streamed, with usage); `id_slot`:
+    the llama.cpp slot to run in."""
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True,
                             "stream_options": {"include_usage": True},
                             "temperature": temperature}
@@ -56,6 +57,8 @@ def request_body(*, chat: bool, model: str, prompt: str, max_tokens: int, ignore
         body["prompt"] = prompt
     if ignore_eos:
         body["ignore_eos"] = True
+    if id_slot is not None:
+        body["id_slot"] = id_slot
     return json.dumps(body).encode()
 
 

@@ -876,7 +876,8 @@ function readLlmValidation(text) {
   const w = r.workload || {};
   return {
     fit: { ...Object.fromEntries(terms.map((k) => [k, sm[k]])), multi_token_ms: num(sm.multi_token_ms) || 0, overhead_ms: num(r.profile.overhead_ms) || 0,
-      num_blocks: lim.num_blocks, label: String(r.endpoint || "").slice(0, 200) },
+      num_blocks: lim.num_blocks, label: String(r.endpoint || "").slice(0, 200),
+      rule: lim.rule === "llama.cpp" ? "llama.cpp" : "vllm-v1", ctx_per_slot: num(lim.ctx_per_slot) },
     slots: lim.slots, batched: num(lim.max_num_batched_tokens) || 2048,
     prompt: num(w.mean_prompt_tokens) || num(w.input_tokens) || 512, output: num(w.mean_output_tokens) || num(w.output_tokens) || 256,
     rate: r.rates.map((x) => num(x.offered_per_s)),
