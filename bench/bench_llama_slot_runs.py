@@ -15,7 +15,10 @@ the profile measured three streams at once. Here
 0, 2 or 0, 3 in 7.9-12.9 ms, on 0, 1 in 11.5-14.8 (about two one-stream steps, 4.6-5.3 ms
 each). With a KV stream per
 slot (llama.cpp's default, not `--kv-unified`) a batch is cut into ubatches of
-consecutive slots, and each ubatch reads every weight once.
+consecutive slots, and each ubatch reads every weight once. On the day's later VM (an
+AVX-512/AMX Xeon, `--repeats 2`): 0, 1, 3 or 0, 2, 3 13.5-14.0 ms, 0, 1, 2 or 1, 2, 3
+8.3-8.8; 0, 2 or 0, 3 12.3-13.3, 0, 1 7.3-7.7; one slot 5.8-6.4. The simulator prices
+each ubatch as a pass (llm/llama_cpp.py).
 """
 
 from __future__ import annotations

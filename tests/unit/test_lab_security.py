@@ -494,6 +494,12 @@ def test_llm_endpoint_runs_a_validated_servers_fit(client):
     assert roofline["step_model"]["kind"] != "profile"
     bad = client.post("/api/llm", json={"state": state, "fitted": {**fit, "base_ms": -1}})
     assert "base_ms" in assert_json_error(bad, 400)
+    # a llama.cpp server's fit runs its own rule: slots, and ubatches each a pass
+    llama = {**fit, "rule": "llama.cpp", "ctx_per_slot": 1024}
+    ll = client.post("/api/llm", json={"state": state, "fitted": llama}).json()
+    assert ll["tpot_ms"]["p50"] > fitted["tpot_ms"]["p50"]
+    bad = client.post("/api/llm", json={"state": state, "fitted": {**fit, "rule": "tgi"}})
+    assert "rule" in assert_json_error(bad, 400)
 
 
 def test_an_llm_preview_is_smaller_says_so_and_leaves_the_sweep(client):
