@@ -271,6 +271,12 @@ def test_steps_are_read_from_the_streams_chunk_times() -> None:
                      "prompt": 8}])
     [note] = step_notes(steps_seen(many), model)
     assert "2 seq 10.0 ms vs 10.0 (+0%, 29 steps)" in note
+    assert "a prompt joining" not in note  # none here
+    # five steps where a 30-token prompt joined two decodes, each two passes: the model
+    # says 2 x 8 + 30 + 2 = 48 ms where they took 60
+    joined = np.array([[30, 2, 24, 2, 2, 60.0]] * 5)
+    [note] = step_notes(joined, model)
+    assert "a prompt joining decodes 60.0 ms vs 48.0 (-20%, 5 steps)" in note
     # a server that bunches tokens into chunks (vLLM when behind) shows no steps
     bunched = records([{"intended": 0, "done": 1, "chunks": [0, 10 * MS], "output": 5}])
     assert steps_seen(bunched).shape == (0, 6)

@@ -596,6 +596,7 @@ def server_tpot_ms(rec: RunRecords) -> np.ndarray:
 
 STEP_GROUP_NS = 1_500_000  # one step's chunks leave the server within this of each other
 STEP_NOTE_MIN = 20  # decode steps of one size seen at least this often are noted
+MIXED_NOTE_MIN = 5  # and steps where a prompt joined decodes, this often
 
 
 def replay_slots(rec: RunRecords, slots: int) -> np.ndarray:
@@ -673,9 +674,17 @@ def steps_seen(rec: RunRecords, limits: ServerLimits | None = None) -> np.ndarra
 
 
 def step_notes(rows: np.ndarray, model: ProfileStepModel) -> tuple[str, ...]:
-    """Decode steps under load (`steps_seen`'s rows), by the number of sequences,
-    measured against the step model: where the step model misses under load."""
+    """Decode steps under load (`steps_seen`'s rows), by the number of sequences, and the
+    steps where a prompt joined running decodes, measured against the step model (each
+    row priced as its passes): where the step model misses under load."""
     parts = []
+    mixed = (rows[:, 0] > 0) if rows.size else np.zeros(0, bool)
+    if mixed.sum() >= MIXED_NOTE_MIN:
+        measured = float(np.median(rows[mixed, 5]))
+        model_ms = float(np.median([model.row_ms(*r[:5]) for r in rows[mixed]]))
+        parts.append(f"a prompt joining decodes {measured:.1f} ms vs {model_ms:.1f} "
+                     f"({(model_ms - measured) / measured * 100:+.0f}%, "
+                     f"{int(mixed.sum())} steps)")
     for c in np.unique(rows[:, 1]).astype(int) if rows.size else []:
         sel = (rows[:, 0] == 0) & (rows[:, 1] == c)
         if sel.sum() < STEP_NOTE_MIN:
