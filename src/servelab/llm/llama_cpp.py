@@ -66,12 +66,12 @@ class LlamaCppConfig:
         for name, v, hi in (("slots", self.slots, MAX_SLOTS),
                             ("context per slot", self.ctx_per_slot, 10_000_000),
                             ("--max-num-batched-tokens (n_batch)", self.n_batch, 10_000_000),
-                            ("--n-ubatch", self.n_ubatch, 10_000_000)):
+                            ("n_ubatch (-ub)", self.n_ubatch, 10_000_000)):
             if not 1 <= v <= hi:
                 raise invalid(name, v, f"1 to {hi:,}", "check the server's /props or the flag")
         if self.slots > self.n_ubatch:
             raise invalid("slots", self.slots, f"at most n_ubatch ({self.n_ubatch})",
-                          "fewer slots (-np), or a larger -ub (--n-ubatch)")
+                          "fewer slots (-np, --max-num-seqs), or a server with a larger -ub")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +103,8 @@ class Seq:
 def split_equal(batch: list[Seq], n_ubatch: int) -> list[Ubatch]:
     """The batch (in its order: decodes in slot order, then prompts in slot order) cut
     as `split_equal(n_ubatch, sequential=true)` cuts it (module docstring)."""
+    if all(s.decode for s in batch):  # most steps: one token each, runs of slots
+        return _decode_runs(batch)
     left = [s.new for s in batch]
     done = [0] * len(batch)
     out: list[Ubatch] = []
@@ -131,6 +133,24 @@ def split_equal(batch: list[Seq], n_ubatch: int) -> list[Ubatch]:
                 prefill += take
             sampled += int(s.decode or (s.samples and not left[j]))
         out.append(Ubatch(take * len(chosen), prefill, decodes, kv, attn, sampled))
+
+
+def _decode_runs(batch: list[Seq]) -> list[Ubatch]:
+    """split_equal of a batch of decodes alone (in slot order, one token each, at most
+    n_ubatch of them): a ubatch for each run of consecutive slots."""
+    out: list[Ubatch] = []
+    n = kv = 0
+    last = -2
+    for s in batch:
+        if n and s.slot != last + 1:
+            out.append(Ubatch(n, 0, n, kv, float(kv + n), n))
+            n = kv = 0
+        n += 1
+        kv += s.context
+        last = s.slot
+    if n:
+        out.append(Ubatch(n, 0, n, kv, float(kv + n), n))
+    return out
 
 
 def step_s(ubatches: list[Ubatch], model: StepModel | ProfileStepModel) -> float:
