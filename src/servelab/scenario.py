@@ -711,8 +711,9 @@ class LlmPool:
         None, _opt(_int(1, 100_000_000)), "KV blocks per replica as given, not sized from "
         "memory (vLLM's flag; [llm] num_gpu_blocks_override).", unit="blocks",
         flags=("--num-gpu-blocks-override",))
-    # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step) or
-    # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone)
+    # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step),
+    # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone) or
+    # "llama.cpp" (its server's slots and ubatches, llm/llama_cpp.py)
     scheduler: str = spec("v1", _choice("v1", "prefill-first", "llama.cpp"),
                           "The engine's step loop: v1 (vLLM V1, mixed steps), prefill-first "
                           "(vLLM V0 without chunked prefill, SGLang) or llama.cpp (its "

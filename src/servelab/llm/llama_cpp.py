@@ -44,6 +44,7 @@ from servelab.llm.serving import (
     MAX_STEPS,
     ProfileStepModel,
     Requests,
+    Sends,
     ServingResult,
     StepModel,
     serving_result,
@@ -167,10 +168,7 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
     cfg.check()
     n = req.arrival_s.size
     order = np.argsort(req.arrival_s, kind="stable")
-    drawn: list[float] = req.arrival_s[order].tolist()
-    arrival = drawn[:]
-    clients: deque[float] | None = (deque([-math.inf] * min(max_concurrency, n))
-                                    if max_concurrency > 0 else None)
+    sends = Sends(req.arrival_s[order].tolist(), max_concurrency)
     prompt = req.prompt[order].tolist()
     output = req.output[order].tolist()
     computed = [0] * n
@@ -184,7 +182,6 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
     released = 0
     waiting: deque[int] = deque()
     t = 0.0
-    nxt = 0
     steps = 0
     busy = 0.0
     running_sum = 0.0
@@ -193,25 +190,13 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
     kv_b: list[int] = []
     finished = 0
 
-    def next_send() -> float:
-        if clients is None:
-            return arrival[nxt]
-        return max(drawn[nxt], clients[0]) if clients else math.inf
-
-    def free_client(at: float) -> None:
-        if clients is not None:
-            clients.append(at)
-
     while finished < n:
-        while nxt < n and next_send() <= t:
-            i = nxt
-            nxt += 1
-            if clients is not None:
-                arrival[i] = max(drawn[i], clients.popleft())
+        while sends.next_at() <= t:
+            i = sends.take()
             if prompt[i] + output[i] > cfg.ctx_per_slot:
                 rejected[i] = True
                 finished += 1
-                free_client(arrival[i])
+                sends.free(sends.arrival[i])
                 continue
             waiting.append(i)
         while waiting:  # the least recently used idle slot; of equals, the highest id
@@ -231,9 +216,9 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
                 batch.append(Seq(s, new, computed[i], False, computed[i] + new == prompt[i]))
                 room -= new
         if not batch:
-            if nxt >= n:
+            if sends.nxt >= n:
                 break
-            t = max(t, next_send())
+            t = max(t, sends.next_at())
             continue
         steps += 1
         if steps > MAX_STEPS:
@@ -261,10 +246,10 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
                 released += 1
                 last_used[b.slot] = (t, released)
                 finished += 1
-                free_client(t)
+                sends.free(t)
         kv_t.append(t)
         kv_b.append(sum(-(-computed[i] // BLOCK_SIZE) for i in holder if i >= 0))
-    return serving_result(order, arrival, first, done, output, [0] * n, rejected, gen,
+    return serving_result(order, sends.arrival, first, done, output, [0] * n, rejected, gen,
                           kv_t, kv_b, [], steps=steps, busy_s=busy, end_s=t,
                           running_sum=running_sum, prefill_tokens=prefill_tok,
                           decode_tokens=decode_tok)

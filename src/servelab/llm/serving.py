@@ -304,10 +304,8 @@ class ProfileStepModel:
 
     def step_s(self, tokens: int, attn_context: float, kv_tokens_read: float,
                decode_seqs: int = 0, seqs: int = 0) -> float:
-        return (self.base_ms + self.per_prefill_token_ms * (tokens - decode_seqs)
-                + self.per_decode_seq_ms * decode_seqs
-                + self.per_kv_token_ms * kv_tokens_read
-                + (self.multi_token_ms if tokens >= 2 else 0.0)) / 1e3
+        return self.row_ms(tokens - decode_seqs, decode_seqs, kv_tokens_read, 1,
+                           tokens >= 2) / 1e3
 
     def row_ms(self, prefill: float, decodes: float, kv: float, passes: float = 1,
                multi_passes: float = 1) -> float:
@@ -328,8 +326,7 @@ class ProfileStepModel:
         A row may be several passes over the model (llama.cpp's ubatches, llm/llama_cpp.py):
         `passes` of them, `multi_passes` of two or more tokens, each paying the base and
         the multi-token term, its other features summed over them. Default: one pass."""
-        ones = np.ones(prefill.size)
-        n_pass = ones if passes is None else np.asarray(passes, np.float64)
+        n_pass = np.ones(prefill.size) if passes is None else np.asarray(passes, np.float64)
         multi = (np.asarray((prefill + decode >= 2), np.float64) if multi_passes is None
                  else np.asarray(multi_passes, np.float64))
         x = np.column_stack([n_pass, prefill, decode, kv, multi]).astype(np.float64)
@@ -457,6 +454,48 @@ def lognormal_lengths(mean: float, p99: float | None, n: int, rng: np.random.Gen
     return np.clip(x, 1, MAX_TOKENS_PER_REQUEST).astype(np.int64)
 
 
+class Sends:
+    """When each request (in arrival order) reaches the server: at its drawn time, or
+    with `max_concurrency` C > 0 a closed loop as `vllm bench serve --max-concurrency C`
+    runs one: at its drawn time or when one of C clients frees (a request finishes or is
+    refused), whichever is later. `arrival` holds the send times; `nxt` the next
+    request not yet sent."""
+
+    __slots__ = ("arrival", "clients", "drawn", "n", "nxt")
+
+    def __init__(self, drawn: list[float], max_concurrency: int) -> None:
+        self.drawn = drawn
+        self.arrival = drawn[:]  # later than drawn where the closed loop held a request
+        self.n = len(drawn)
+        self.nxt = 0
+        # the clients' free times, in order (completions come at non-decreasing times)
+        self.clients: deque[float] | None = (
+            deque([-math.inf] * min(max_concurrency, self.n)) if max_concurrency > 0
+            else None)
+
+    def next_at(self) -> float:
+        """When the next request reaches the server if nothing else happens first; inf
+        when every request is sent or every client is out."""
+        if self.nxt >= self.n:
+            return math.inf
+        if self.clients is None:
+            return self.arrival[self.nxt]
+        return max(self.drawn[self.nxt], self.clients[0]) if self.clients else math.inf
+
+    def take(self) -> int:
+        """Send the next request (it is due): its index."""
+        i = self.nxt
+        self.nxt += 1
+        if self.clients is not None:
+            self.arrival[i] = max(self.drawn[i], self.clients.popleft())
+        return i
+
+    def free(self, at: float) -> None:
+        """A request ended (or was refused) at `at`: its client may send again."""
+        if self.clients is not None:
+            self.clients.append(at)
+
+
 def simulate_serving(req: Requests, cfg: SchedulerConfig,
                      model: StepModel | ProfileStepModel,
                      max_concurrency: int = 0) -> ServingResult:
@@ -466,12 +505,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     n = req.arrival_s.size
     B = cfg.block_size  # noqa: N806
     order = np.argsort(req.arrival_s, kind="stable")
-    drawn: list[float] = req.arrival_s[order].tolist()
-    arrival = drawn[:]  # send times: the drawn ones, later where a closed loop holds them
-    # The closed loop's free slots, by the time each freed (in order: completions come at
-    # non-decreasing times). Open loop: no slot limit.
-    slots: deque[float] | None = (deque([-math.inf] * min(max_concurrency, n))
-                                  if max_concurrency > 0 else None)
+    sends = Sends(req.arrival_s[order].tolist(), max_concurrency)
     prompt = req.prompt[order].tolist()
     output = req.output[order].tolist()
     hit = (req.prefix_hit[order] & cfg.enable_prefix_caching).tolist()
@@ -490,7 +524,6 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     running: list[int] = []
     free = pool
     t = 0.0
-    nxt = 0
     steps = 0
     busy = 0.0
     running_sum = 0.0
@@ -509,16 +542,6 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
 
     def blocks_for(i: int, tokens: int) -> int:
         return max(0, -(-tokens // B) - shared[i])
-
-    def next_send() -> float:
-        """When the next request reaches the server, if nothing else happens first."""
-        if slots is None:
-            return arrival[nxt]
-        return max(drawn[nxt], slots[0]) if slots else math.inf
-
-    def release(at: float) -> None:
-        if slots is not None:
-            slots.append(at)
 
     def admit(sched: list[tuple[int, int]], budget: int, whole: bool) -> int:
         """Admit waiting requests first come, first served while budget, max_num_seqs
@@ -543,24 +566,21 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         return budget
 
     while finished < n:
-        while nxt < n and next_send() <= t:
-            i = nxt
-            nxt += 1
-            if slots is not None:
-                arrival[i] = max(drawn[i], slots.popleft())
+        while sends.next_at() <= t:
+            i = sends.take()
             if blocks_for(i, prompt[i] + output[i]) > pool or (
                     (cfg.prefill_first or not cfg.enable_chunked_prefill)
                     and prompt[i] - start_of(i) > cfg.max_num_batched_tokens):
                 rejected[i] = True
                 finished += 1
-                release(arrival[i])
+                sends.free(sends.arrival[i])
                 continue
             computed[i] = start_of(i)
             waiting.append(i)
         if not running and not waiting:
-            if nxt >= n:
+            if sends.nxt >= n:
                 break
-            t = max(t, next_send())
+            t = max(t, sends.next_at())
             continue
         steps += 1
         if steps > MAX_STEPS:
@@ -606,8 +626,8 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             if preempted:  # a request preempted itself; the next pass admits afresh
                 steps -= 1
                 continue
-            if nxt < n and next_send() < math.inf:
-                t = max(t, next_send())
+            if sends.next_at() < math.inf:
+                t = max(t, sends.next_at())
                 continue
             raise invalid("simulation", "no request can be scheduled", "a pool that fits "
                           "one request", "more KV blocks")
@@ -642,10 +662,10 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                     held[i] = 0
                     running.remove(i)
                     finished += 1
-                    release(t)
+                    sends.free(t)
         kv_t.append(t)
         kv_b.append(pool - free)
-    return serving_result(order, arrival, first, done, output, preempt, rejected, gen,
+    return serving_result(order, sends.arrival, first, done, output, preempt, rejected, gen,
                           kv_t, kv_b, pre_t, steps=steps, busy_s=busy, end_s=t,
                           running_sum=running_sum, prefill_tokens=prefill_tok,
                           decode_tokens=decode_tok)
@@ -845,18 +865,11 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                           enable_prefix_caching=enable_prefix_caching,
                           prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share,
                           prefill_first=prefill_first)
-    if llama_cpp:
-        from servelab.llm.llama_cpp import LlamaCppConfig, simulate_llama_cpp
+    from servelab.llm.rules import llama_cpp as llama_cpp_config
+    from servelab.llm.rules import simulate
 
-        lcfg = LlamaCppConfig(spec.max_num_seqs, spec.context_tokens,
-                              spec.max_num_batched_tokens)
-        lcfg.check()
-
-        def one_replica(sub: Requests) -> ServingResult:
-            return simulate_llama_cpp(sub, lcfg, model, workload.max_concurrency)
-    else:
-        def one_replica(sub: Requests) -> ServingResult:
-            return simulate_serving(sub, cfg, model, workload.max_concurrency)
+    engine = (llama_cpp_config(spec.max_num_seqs, spec.context_tokens,
+                               spec.max_num_batched_tokens) if llama_cpp else cfg)
     req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
     which = np.random.default_rng(workload.seed + 1).integers(0, replicas, req.arrival_s.size)
     parts = []
@@ -865,7 +878,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         if sel.any():
             sub = Requests(req.arrival_s[sel], req.prompt[sel], req.output[sel],
                            req.prefix_hit[sel])
-            parts.append((sel, one_replica(sub)))
+            parts.append((sel, simulate(sub, engine, model, workload.max_concurrency)))
     n = req.arrival_s.size
     sent = req.arrival_s.astype(np.float64)
     ttft, tpot, e2e = (np.full(n, np.nan) for _ in range(3))
