@@ -447,7 +447,9 @@ def llm_state(**keys: object) -> dict:  # type: ignore[type-arg]
                 "base_ms", "per_prefill_token_ms", "per_decode_seq_ms", "per_kv_token_ms")},
             optional={"overhead_ms": st.floats(-1, 1e6, allow_nan=False),
                       "num_blocks": st.integers(-1, 20_000_000),
-                      "label": st.text(max_size=300)}))}))
+                      "label": st.text(max_size=300),
+                      "rule": st.sampled_from(["vllm-v1", "llama.cpp", "tgi", ""]),
+                      "ctx_per_slot": st.integers(-1, 20_000_000)}))}))
 def test_llm_endpoint_takes_any_body_in_bounded_time(client, opened, llm, extra):
     with bounded_work(20):
         r = client.post("/api/llm", json={"state": llm_state(**llm), **extra})
