@@ -8,7 +8,9 @@ about 5 minutes, and how fast the server's steps run depends on how busy the mac
 The server and model are the integration test's (tests/llm_server.py): `llama-server`
 from scripts/llama_server.sh with 4 slots, `-c 4096`, one thread pinned to CPU 1, serving
 a random-weight F16 llama of 104 MB (768 wide, 8 layers); validate runs pinned to CPU 0.
-Each run uses its own --seed, so no prompt is served from the server's cache. Every
+Each run uses its own --seed, so no prompt is served from the server's cache. validate
+profiles the server again before each load step (its default); each step's figures on
+the first profile are printed below them, the same load predicted two ways. Every
 run's steal and other processes' share of the CPUs is printed beside its figures: only a
 quiet run says anything about the model.
 
@@ -69,11 +71,13 @@ def main() -> None:
           mid_llama_server(binary, Path(tmp)) as url):
         for run in range(args.runs):
             use = HostUse()
+            folder = (args.out or Path(tmp)) / f"run-{run}"  # its records, to score again
             done = subprocess.run(
                 ["taskset", "-c", "0", sys.executable, "-m", "servelab", "llm",
                  "validate", "--url", url, "--shares", ",".join(map(str, SHARES)),
                  "--num-prompts", str(args.num_prompts), "--random-input-len", "128",
-                 "--random-output-len", "32", "--seed", str(1000 + run), "--json"],
+                 "--random-output-len", "32", "--seed", str(1000 + run), "--json",
+                 "--out", str(folder)],
                 capture_output=True, text=True, timeout=3600, check=False, cwd=ROOT)
             steal, others = use.shares()
             report = validate_report(done, run, args.out, "llm-validate-llama")
@@ -96,6 +100,11 @@ def show(run: int, report: dict, steal: float, others: float,  # type: ignore[ty
                  if f["name"] in FIGURES]
         print(f"  {r['share_of_saturation']:.0%} ({r['offered_per_s']:.2f}/s): "
               + ", ".join(cells))
+        first = [f"{f['name'].split(' (')[0]} {f['error_pct']:+.1f}%"
+                 for f in r.get("first_profile", []) if f["name"] in FIGURES]
+        if first:  # the same step predicted from the profile before the saturation run
+            print(f"    on the first profile (decode step {r['probe_drift_pct']:+.0f}% since "
+                  "then): " + ", ".join(first))
     print(f"  misses: {', '.join(missed) or 'none'}")
 
 

@@ -339,8 +339,17 @@ def _llama_validate_misses(url: str, tmp_path: Path, attempt: int
     assert (out / "plotly.min.js").exists()  # opens offline
     assert report["limits"]["slots"] == 4
     assert report["limits"]["ctx_per_slot"] == 1024
-    for rate in report["rates"]:
+    from servelab.measure.llm_metrics import RunRecords, compute
+
+    for k, rate in enumerate(report["rates"]):
         assert rate["failed"] == 0
+        # each step's raw records kept, and the same step's figures read back from them
+        kept = RunRecords.from_dict(json.loads((out / f"records-step-{k}.json").read_text()))
+        assert compute(kept).completed == 30
+        # profiled again before the step (the default), the first profile's figures kept
+        assert len(rate["profile"]["rows"]) == len(report["profile"]["rows"])
+        assert {f["name"] for f in rate["first_profile"]} == {
+            f["name"] for f in rate["figures"]}
     # the fitted scenario runs in llm simulate
     sim = subprocess.run([*CLI, "llm", "simulate", "--scenario", str(out / "scenario.toml"),
                           "--num-requests", "300", "--json"], capture_output=True, text=True,

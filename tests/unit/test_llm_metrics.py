@@ -329,6 +329,77 @@ def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
     assert given_note(1, (), alone) == ()
 
 
+def test_the_first_profiles_figures_stand_beside_the_profile_measured_again():
+    """validate's profile again before a step (the server's speed moved since the first):
+    the step's figures come from the new profile, and the note keeps the first one's. A
+    server whose decode steps went from 5 ms to 10 ms: the first profile misses TPOT by
+    half, the profile measured again holds it, and the note says both."""
+    import re
+
+    from servelab.llm.rules import SchedulingRule
+    from servelab.llm.serving import ProfileStepModel
+    from servelab.measure.llm_validate import (
+        Profile,
+        ServerLimits,
+        _figures,
+        first_profile_note,
+        simulate_same,
+    )
+
+    def profile(decode_ms: float) -> Profile:
+        rows = ((8, 0, 0, 10.0), (16, 0, 0, 10.0), (0, 1, 9, decode_ms), (0, 2, 18, decode_ms))
+        p, d, k, ms = (np.array(c, float) for c in zip(*rows, strict=True))
+        return Profile(tuple(int(x) for x in p), tuple(int(x) for x in d), tuple(k),
+                       tuple(ms), 0.0, ProfileStepModel.fit(p, d, k, ms, relative=True), True)
+
+    limits = ServerLimits(SchedulingRule.LLAMA_CPP, 4, 1024, 2048, "test")
+    steps = range(10, 310, 10)
+    rec = records([{"intended": 0, "done": 300 * MS, "chunks": [x * MS for x in steps],
+                    "prompt": 8}])
+    first, again = profile(5.0), profile(10.0)
+    was = _figures(rec, simulate_same(rec, limits, first), 0.0)
+    now = _figures(rec, simulate_same(rec, limits, again), 0.0)
+    [note] = first_profile_note(was, now)
+    tpot_first, tpot_again = (float(x) for x in re.search(
+        r"TPOT p50 ([-+0-9.]+)% \(again ([-+0-9.]+)%\)", note).groups())
+    assert tpot_first == pytest.approx(-50, abs=2)
+    assert abs(tpot_again) < 2
+    assert first_profile_note((), now) == ()
+
+
+def test_records_and_profiles_read_back_from_their_json():
+    """`llm validate --out` keeps each step's records and validation.json each profile's
+    rows: read back, they give the same figures and the same fit."""
+    import json
+    from dataclasses import replace
+
+    from servelab.llm.rules import SchedulingRule
+    from servelab.measure.llm_validate import Profile, ServerLimits, _figures, simulate_same
+
+    rec = replace(records([
+        {"intended": 0, "done": 300 * MS, "chunks": [x * MS for x in range(10, 310, 10)],
+         "prompt": 8, "cached": 0},
+        {"intended": 5 * MS, "sent": 6 * MS, "done": 90 * MS, "chunks": [], "prompt": 8,
+         "output": 0, "error": "HTTP 503"}]),
+        t0_ns=123, server_prompt_ms=np.array([4.5, -1.0]), server_decode_ms=None)
+    back = RunRecords.from_dict(json.loads(json.dumps(rec.to_dict())))
+    assert back.to_dict() == rec.to_dict()
+    assert compute(back).to_dict() == compute(rec).to_dict()
+
+    def profile(decode_ms: float) -> Profile:
+        return Profile.fitted([8, 16, 0, 0], [0, 0, 1, 2], [0, 0, 9, 18],
+                              [10.0, 12.0, decode_ms, decode_ms + 1], [1, 1, 1, 1],
+                              [1, 1, 0, 1], 2.0, True)
+
+    a, b = profile(5.0), profile(7.0)
+    again = Profile.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert again.to_dict() == a.to_dict()
+    assert a.model.row_ms(0, 1, 9, 1, 0) < b.model.row_ms(0, 1, 9, 1, 0)
+    limits = ServerLimits(SchedulingRule.LLAMA_CPP, 4, 1024, 2048, "test")
+    assert _figures(back, simulate_same(back, limits, again), again.overhead_ms) == \
+        _figures(rec, simulate_same(rec, limits, a), a.overhead_ms)
+
+
 def test_a_mixed_step_is_taken_only_where_the_prompt_joined_the_stream():
     """The profile's mixed row is the stream's longest gap only where that gap stands out
     from its decode steps: a stream that ended before the prompt came (all gaps alike)

@@ -225,8 +225,13 @@ def validate(
     shares: Annotated[str, typer.Option(help="Load steps as shares of saturation.")
                       ] = "0.3,0.6,0.85",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
+    reprofile: Annotated[bool, typer.Option(
+        help="Profile the server again before each load step and predict that step from "
+             "it (the server's speed can move in minutes); --no-reprofile predicts every "
+             "step from the first profile.")] = True,
     out: Annotated[Path | None, typer.Option(
-        help="Folder for validation.json, validation.html (opens offline), steps.csv (the "
+        help="Folder for validation.json, validation.html (opens offline), each run's raw "
+             "records (records-saturation.json, records-step-K.json), steps.csv (the "
              "profile) and scenario.toml (the fit, which `llm simulate --scenario` runs).")
                                ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")] = False,
@@ -257,11 +262,15 @@ def validate(
         ep, rule=SchedulingRule.parse(rule), slots=max_num_seqs, ctx_per_slot=context_per_seq,
         n_batch=max_num_batched_tokens, input_len=random_input_len,
         output_len=random_output_len, num_prompts=num_prompts, shares=share_list, seed=seed,
+        reprofile=reprofile,
         say=(lambda s: None) if as_json else (lambda s: stderr.print(s, highlight=False))))
     if out is not None:
         (out / "validation.json").write_text(json.dumps(report.to_dict(), indent=1))
         (out / "steps.csv").write_text(report.profile.csv())
         (out / "scenario.toml").write_text(report.fitted_scenario())
+        for k, rec in enumerate(report.records):  # saturation, then each load step
+            name = "saturation" if k == 0 else f"step-{k - 1}"
+            (out / f"records-{name}.json").write_text(json.dumps(rec.to_dict()))
         from servelab.measure.llm_validate import write_html
 
         write_html(report, out / "validation.html")

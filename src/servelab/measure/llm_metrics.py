@@ -58,6 +58,39 @@ class RunRecords:
         good: np.ndarray = np.array([not e for e in self.errors], bool)
         return good
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every raw time and count as JSON (ns as integers); `from_dict` reads it back,
+        so a run can be scored again offline (`llm validate --out` keeps its steps')."""
+        def ints(a: np.ndarray) -> list[int]:
+            return [int(x) for x in a]
+
+        def floats(a: np.ndarray | None) -> list[float] | None:
+            return None if a is None else [float(x) for x in a]
+
+        return {"t0_ns": self.t0_ns, "intended_ns": ints(self.intended_ns),
+                "sent_ns": ints(self.sent_ns), "done_ns": ints(self.done_ns),
+                "chunk_ns": [ints(c) for c in self.chunk_ns],
+                "prompt_tokens": ints(self.prompt_tokens),
+                "output_tokens": ints(self.output_tokens),
+                "cached_tokens": ints(self.cached_tokens), "errors": list(self.errors),
+                "server_prompt_ms": floats(self.server_prompt_ms),
+                "server_decode_ms": floats(self.server_decode_ms)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunRecords:
+        """The records `to_dict` wrote."""
+        def i64(v: Any) -> np.ndarray:
+            return np.array(v, np.int64)
+
+        def f64(v: Any) -> np.ndarray | None:
+            return None if v is None else np.array(v, float)
+
+        return cls(i64(d["intended_ns"]), i64(d["sent_ns"]), i64(d["done_ns"]),
+                   tuple(i64(c) for c in d["chunk_ns"]), i64(d["prompt_tokens"]),
+                   i64(d["output_tokens"]), i64(d["cached_tokens"]),
+                   tuple(str(e) for e in d["errors"]), int(d["t0_ns"]),
+                   f64(d["server_prompt_ms"]), f64(d["server_decode_ms"]))
+
 
 @dataclass(frozen=True, slots=True)
 class Dist:

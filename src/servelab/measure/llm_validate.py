@@ -27,8 +27,13 @@ simulator's step model to it, load it, and set the prediction beside the measure
 4. **load** at shares of it (default 30%, 60%, 85%), Poisson, and the simulator on the
    same intended arrival times and the lengths the server counted; TTFT and E2EL get the
    overhead added (it is outside the steps);
-   Before each, a **probe** (one decode stream, as the profile's first decode row) says
-   how far the server's speed has moved since the profile (noted past 5%); against
+   Before each, the **profile again** (`reprofile`, the default): the same controlled
+   runs on new prompts, and the step's prediction uses that fit. On these VMs a decode
+   step's speed moved 6-40% between a profile and a load step two minutes later while
+   the prefills' did not (2026-12-04); the first profile's figures stay in the report.
+   Its first decode row against the first profile's (or, with `reprofile` off, a
+   **probe**: that row alone) says how far the server's speed has moved (noted past 5%);
+   against
    llama.cpp, a short request on each slot, highest id first, then sets the server's
    least-recently-used order to a fresh server's, the order the simulator starts from
    (`touch_slots`; also before the saturation run);
@@ -91,8 +96,10 @@ DECODE_TOKENS = 48
 DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
 PROFILE_INDEX = 10_000_000  # the profile's prompt indices, and the probes'
 PROBE_INDEX = 20_000_000
+REPROFILE_INDEX = 30_000_000  # the profile again before load step k: k * REPROFILE_SPAN on
 SEED_SPREAD = 997  # seeds apart by other than a multiple of this share no index words
 SEED_STRIDE = 1_000  # prompt indices a seed's profile (or its probes) may use
+REPROFILE_SPAN = SEED_SPREAD * SEED_STRIDE  # every seed's profile before one load step
 # a profile request whose prompt the server served this much of from its cache is refused
 # (a new prompt shares its first token or two with the slot's last one at most)
 PROFILE_CACHED_SHARE = 0.25
@@ -153,6 +160,33 @@ class Profile:
     # each row's passes over the model (llama.cpp's ubatches) and those of 2+ tokens
     passes: tuple[int, ...] = ()
     multi_passes: tuple[int, ...] = ()
+
+    @classmethod
+    def fitted(cls, prefill: Any, decodes: Any, kv: Any, ms: Any, passes: Any, multi: Any,
+               overhead_ms: float, server_timed: bool) -> Profile:
+        """The rows and the step model `llm validate` fits to them: least squares in
+        relative error, the base and the two-or-more-tokens term per pass."""
+        model = ProfileStepModel.fit(np.array(prefill, float), np.array(decodes, float),
+                                     np.array(kv, float), np.array(ms, float),
+                                     source="llm validate", relative=True,
+                                     passes=np.array(passes, float),
+                                     multi_passes=np.array(multi, float))
+        return cls(tuple(int(x) for x in prefill), tuple(int(x) for x in decodes),
+                   tuple(float(x) for x in kv), tuple(float(x) for x in ms), overhead_ms,
+                   model, server_timed, tuple(int(x) for x in passes),
+                   tuple(int(x) for x in multi))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        """A profile `to_dict` wrote (validation.json's), fitted again from its rows."""
+        rows = d["rows"]
+
+        def col(key: str) -> list[Any]:
+            return [r[key] for r in rows]
+
+        return cls.fitted(col("prefill_tokens"), col("decode_seqs"), col("kv_tokens_read"),
+                          col("step_ms"), col("passes"), col("multi_token_passes"),
+                          float(d["overhead_ms"]), bool(d["server_timed"]))
 
     def pass_columns(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """passes and multi_passes, one pass a row where the profile did not say."""
@@ -260,6 +294,10 @@ class RateResult:
     server_tpot_p50_ms: float | None = None  # TPOT by the server's own clock (llama.cpp)
     # the figures again with the step model refitted on this load's own steps
     given_run_steps: tuple[Compared, ...] = ()
+    # with the profile re-measured before this step: that profile (its fit made the
+    # figures), and the figures the first profile gave
+    profile: Profile | None = None
+    first_profile: tuple[Compared, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"offered_per_s": self.offered_per_s, "probe_drift_pct": self.probe_drift_pct,
@@ -269,7 +307,9 @@ class RateResult:
                 "steps_predicted": self.steps_predicted, "steps_measured": self.steps_measured,
                 "send_late_p99_ms": self.send_late_p99_ms, "failed": self.failed,
                 "notes": list(self.notes),
-                "given_run_steps": [f.to_dict() for f in self.given_run_steps]}
+                "given_run_steps": [f.to_dict() for f in self.given_run_steps],
+                "profile": None if self.profile is None else self.profile.to_dict(),
+                "first_profile": [f.to_dict() for f in self.first_profile]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +326,8 @@ class LlmValidationReport:
     mean_prompt_tokens: float  # as the server counted them
     mean_output_tokens: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the saturation run's and each load step's raw records (`--out` keeps them)
+    records: tuple[RunRecords, ...] = ()
 
     def fitted_scenario(self) -> str:
         """The scenario TOML `llm simulate` runs (steps.csv beside it), at the middle
@@ -382,9 +424,11 @@ def seeded_index(base: int, seed: int) -> int:
 
 
 async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: ServerLimits,
-                         tpw: float, say: Callable[[str], None], seed: int = 0) -> Profile:
+                         tpw: float, say: Callable[[str], None], seed: int = 0,
+                         base: int = PROFILE_INDEX) -> Profile:
     """The controlled runs (see the module docstring) and the fit. Their prompts are
-    drawn from `seed` (validate's --seed): another seed, other prompts."""
+    drawn from `seed` (validate's --seed) and `base`: another seed or base, other
+    prompts."""
     rows_p: list[int] = []
     rows_d: list[int] = []
     rows_k: list[float] = []
@@ -405,7 +449,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
         rows_x.append(x)
     # prompt indices of their own: nothing shared with the load steps, nor (the words
     # spelling the index come first) with another seed's profile
-    index = seeded_index(PROFILE_INDEX, seed)
+    index = seeded_index(base, seed)
     for length in PREFILL_LENGTHS:
         reqs = random_requests(2, input_len=length, output_len=2, tokens_per_word=tpw,
                                seed=seed, first_index=index)
@@ -449,13 +493,8 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
                 + [Seq(c, row[0], 0, False, True)], row[2])
     say(f"profile: a prompt of {' and '.join(map(str, MIXED_PROMPTS))} tokens joining "
         "running decodes")
-    model = ProfileStepModel.fit(np.array(rows_p, float), np.array(rows_d, float),
-                                 np.array(rows_k), np.array(rows_ms), source="llm validate",
-                                 relative=True, passes=np.array(rows_n, float),
-                                 multi_passes=np.array(rows_x, float))
-    return Profile(tuple(rows_p), tuple(rows_d), tuple(rows_k), tuple(rows_ms),
-                   max(0.0, float(np.median(overheads))), model, timed, tuple(rows_n),
-                   tuple(rows_x))
+    return Profile.fitted(rows_p, rows_d, rows_k, rows_ms, rows_n, rows_x,
+                          max(0.0, float(np.median(overheads))), timed)
 
 
 def pinned(reqs: list[LlmRequest], first_slot: int, pin: bool) -> list[LlmRequest]:
@@ -740,6 +779,18 @@ def given_run_steps(rec: RunRecords, seen: np.ndarray, limits: ServerLimits,
 GIVEN_NOTE_FIGURES = ("TTFT p50 (ms)", "TPOT p50 (ms)", "E2EL p50 (ms)")
 
 
+def first_profile_note(first: tuple[Compared, ...], figures: tuple[Compared, ...]
+                       ) -> tuple[str, ...]:
+    """The first profile's figures beside those of the profile re-measured just before
+    the step (which the prediction uses), as a note."""
+    if not first:
+        return ()
+    now = {f.name: f for f in figures}
+    parts = [f"{f.name.split(' (')[0]} {f.error_pct:+.1f}% (again {now[f.name].error_pct:+.1f}%)"
+             for f in first if f.name in GIVEN_NOTE_FIGURES]
+    return ("on the first profile, minutes before: " + ", ".join(parts),)
+
+
 def given_note(steps: int, given: tuple[Compared, ...], figures: tuple[Compared, ...]
                ) -> tuple[str, ...]:
     """given_run_steps' figures beside the profile's, as a note."""
@@ -787,6 +838,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                          n_batch: int | None = None, input_len: int = 256,
                          output_len: int = 64, num_prompts: int = 60,
                          shares: tuple[float, ...] = (0.3, 0.6, 0.85), seed: int = 0,
+                         reprofile: bool = True,
                          say: Callable[[str], None] = lambda s: None) -> LlmValidationReport:
     """Profile, fit, saturate, load and compare (see the module docstring)."""
     if not shares or len(shares) > 10 or not all(0 < s <= 2 for s in shares):
@@ -825,6 +877,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         rec = await run_step(session, ep, workload(num_prompts),
                              LoadPlan(max_concurrency=conc), seed=seed, timeout_s=600,
                              ignore_eos=True)
+        kept = [rec]
         sat_measured = compute(rec).request_throughput
         mean_in = float(rec.prompt_tokens[rec.ok].mean()) if rec.ok.any() else input_len
         mean_out = float(rec.output_tokens[rec.ok].mean()) if rec.ok.any() else output_len
@@ -837,44 +890,60 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         profiled = profile.step_ms[profile.decode_seqs.index(1)]  # c = 1 after 32 tokens
         for k, share in enumerate(shares):
             rate = share * sat_measured
-            probed = await probe_decode_ms(session, ep, tpw,
-                                           seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
+            if reprofile:
+                now = await profile_server(session, ep, limits, tpw, lambda s: None, seed,
+                                           REPROFILE_INDEX + k * REPROFILE_SPAN)
+                probed = now.step_ms[now.decode_seqs.index(1)]
+                say(f"profile again before {share:.0%}: a decode step "
+                    f"{(probed - profiled) / profiled * 100:+.0f}% against the first")
+            else:
+                now = profile
+                probed = await probe_decode_ms(session, ep, tpw,
+                                               seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
             drift = (probed - profiled) / profiled * 100
             await touch()
             before = await read_metrics(session, ep.base)
             rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),
                                  seed=seed + k + 1, timeout_s=600, ignore_eos=True)
             after = await read_metrics(session, ep.base)
+            kept.append(rec)
             counters = counter_diff(before, after)
-            sim = simulate_same(rec, limits, profile)
+            sim = simulate_same(rec, limits, now)
             metrics = compute(rec)
-            figures = _figures(rec, sim, profile.overhead_ms)
+            figures = _figures(rec, sim, now.overhead_ms)
+            on_first = (_figures(rec, simulate_same(rec, limits, profile),
+                                 profile.overhead_ms) if reprofile else ())
             steps_measured = engine_steps(counters)
             own = server_tpot_ms(rec)
             own_p50 = float(np.median(own)) if own.size else None
             seen = steps_seen(rec, limits)
-            given = given_run_steps(rec, seen, limits, profile)
+            given = given_run_steps(rec, seen, limits, now)
             notes = (_diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
-                               drift, own_p50) + step_notes(seen, profile.model)
+                               drift, own_p50, reprofile)
+                     + first_profile_note(on_first, figures) + step_notes(seen, now.model)
                      + given_note(seen.shape[0], given, figures) + cache_note(rec))
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
                                     metrics.send_late_p99_ms, metrics.failed, notes, drift,
-                                    own_p50, given))
+                                    own_p50, given, now if reprofile else None, on_first))
             say(f"{share:.0%} of saturation ({rate:.2f}/s): "
                 + ", ".join(f"{f.name} {f.error_pct:+.1f}%" for f in figures
                             if "p50" in f.name))
     return LlmValidationReport(ep.base + ep.path, ep.model, limits, profile, saturation,
-                               tuple(rates), input_len, output_len, tpw, mean_in, mean_out)
+                               tuple(rates), input_len, output_len, tpw, mean_in, mean_out,
+                               records=tuple(kept))
 
 
 def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float | None,
               late_p99_ms: float, drift_pct: float = 0.0,
-              server_tpot_p50_ms: float | None = None) -> tuple[str, ...]:
+              server_tpot_p50_ms: float | None = None, reprofiled: bool = False
+              ) -> tuple[str, ...]:
     notes = []
     if abs(drift_pct) > DRIFT_NOTE_PCT:
-        notes.append(f"server speed: a decode step took {drift_pct:+.0f}% against the "
-                     "profile just before this step (the machine's speed moved; the "
-                     "prediction uses the profile)")
+        uses = ("the profile measured again just before it" if reprofiled
+                else "the first profile")
+        notes.append(f"server speed: a decode step took {drift_pct:+.0f}% against the first "
+                     f"profile just before this step (the machine's speed moved; the "
+                     f"prediction uses {uses})")
     if late_p99_ms > 10:
         notes.append(f"client: sent up to {late_p99_ms:.1f} ms late (p99); the client, not "
                      "the server, may have limited this step")
