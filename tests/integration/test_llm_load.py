@@ -328,7 +328,7 @@ def _llama_validate_misses(url: str, tmp_path: Path, attempt: int
     done = subprocess.run([*CLI, "llm", "validate", "--url", url, "--shares",
                            "0.3,0.6", "--num-prompts", "30", "--random-input-len", "128",
                            "--random-output-len", "32", "--seed", str(attempt),
-                           "--out", str(out)],
+                           "--reprofile", "--out", str(out)],
                           capture_output=True, text=True, timeout=900, check=False)
     steal, others = use.shares()
     print(done.stdout, done.stderr)
@@ -346,7 +346,7 @@ def _llama_validate_misses(url: str, tmp_path: Path, attempt: int
         # each step's raw records kept, and the same step's figures read back from them
         kept = RunRecords.from_dict(json.loads((out / f"records-step-{k}.json").read_text()))
         assert compute(kept).completed == 30
-        # profiled again before the step (the default), the first profile's figures kept
+        # profiled again before the step (--reprofile), the first profile's figures kept
         assert len(rate["profile"]["rows"]) == len(report["profile"]["rows"])
         assert {f["name"] for f in rate["first_profile"]} == {
             f["name"] for f in rate["figures"]}

@@ -227,8 +227,9 @@ def validate(
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
     reprofile: Annotated[bool, typer.Option(
         help="Profile the server again before each load step and predict that step from "
-             "it (the server's speed can move in minutes); --no-reprofile predicts every "
-             "step from the first profile.")] = True,
+             "it, beside the first profile's figures (where the server's speed moves for "
+             "minutes at a time); by default every step is predicted from the first "
+             "profile.")] = False,
     out: Annotated[Path | None, typer.Option(
         help="Folder for validation.json, validation.html (opens offline), each run's raw "
              "records (records-saturation.json, records-step-K.json), steps.csv (the "

@@ -27,13 +27,14 @@ simulator's step model to it, load it, and set the prediction beside the measure
 4. **load** at shares of it (default 30%, 60%, 85%), Poisson, and the simulator on the
    same intended arrival times and the lengths the server counted; TTFT and E2EL get the
    overhead added (it is outside the steps);
-   Before each, the **profile again** (`reprofile`, the default): the same controlled
-   runs on new prompts, and the step's prediction uses that fit. On these VMs a decode
-   step's speed moved 6-40% between a profile and a load step two minutes later while
-   the prefills' did not (2026-12-04); the first profile's figures stay in the report.
-   Its first decode row against the first profile's (or, with `reprofile` off, a
-   **probe**: that row alone) says how far the server's speed has moved (noted past 5%);
-   against
+   Before each, a **probe** (one decode stream, as the profile's first decode row) says
+   how far the server's speed has moved since the profile (noted past 5%); with
+   `reprofile` (`--reprofile`) the whole profile is measured again on new prompts
+   instead, and the step is predicted from that fit, the first profile's figures kept
+   beside it (2026-12-04: it took one step's TPOT p50 from -54% to +14% where the
+   server had slowed 40% for minutes, and missed by more where it caught a moment's
+   speed; over 16 steps of 8 runs it did no better on average, so it is not the
+   default). Against
    llama.cpp, a short request on each slot, highest id first, then sets the server's
    least-recently-used order to a fresh server's, the order the simulator starts from
    (`touch_slots`; also before the saturation run);
@@ -838,7 +839,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                          n_batch: int | None = None, input_len: int = 256,
                          output_len: int = 64, num_prompts: int = 60,
                          shares: tuple[float, ...] = (0.3, 0.6, 0.85), seed: int = 0,
-                         reprofile: bool = True,
+                         reprofile: bool = False,
                          say: Callable[[str], None] = lambda s: None) -> LlmValidationReport:
     """Profile, fit, saturate, load and compare (see the module docstring)."""
     if not shares or len(shares) > 10 or not all(0 < s <= 2 for s in shares):
@@ -940,7 +941,7 @@ def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float 
     notes = []
     if abs(drift_pct) > DRIFT_NOTE_PCT:
         uses = ("the profile measured again just before it" if reprofiled
-                else "the first profile")
+                else "the first profile; --reprofile measures it again before each step")
         notes.append(f"server speed: a decode step took {drift_pct:+.0f}% against the first "
                      f"profile just before this step (the machine's speed moved; the "
                      f"prediction uses {uses})")
