@@ -400,6 +400,25 @@ def test_records_and_profiles_read_back_from_their_json():
         _figures(rec, simulate_same(rec, limits, a), a.overhead_ms)
 
 
+def test_validates_prompt_index_ranges_do_not_overlap():
+    """Each kind of request validate sends (the load's, the profile's, the probes', the
+    slot touches', the profile again before each of up to 10 steps) draws its prompts
+    from its own range of indices, each seed from its own part of it: a shared index is
+    a shared first words, which llama.cpp serves from its cache (until 2026-12-04 the
+    profile again began on the slot touches' indices)."""
+    from servelab.measure import llm_validate as v
+
+    every_seed = v.SEED_SPREAD * v.SEED_STRIDE
+    ranges = sorted([(0, v.PROFILE_INDEX),  # the load steps' prompts count up from 0
+                     (v.PROFILE_INDEX, v.PROFILE_INDEX + every_seed),
+                     (v.PROBE_INDEX, v.PROBE_INDEX + every_seed),
+                     (v.TOUCH_INDEX, v.TOUCH_INDEX + every_seed),
+                     (v.REPROFILE_INDEX, v.REPROFILE_INDEX + 10 * v.REPROFILE_SPAN)])
+    for (_, end), (start, _) in itertools.pairwise(ranges):
+        assert end <= start
+    assert every_seed <= v.REPROFILE_SPAN
+
+
 def test_a_mixed_step_is_taken_only_where_the_prompt_joined_the_stream():
     """The profile's mixed row is the stream's longest gap only where that gap stands out
     from its decode steps: a stream that ended before the prompt came (all gaps alike)

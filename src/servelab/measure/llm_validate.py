@@ -97,7 +97,8 @@ DECODE_TOKENS = 48
 DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
 PROFILE_INDEX = 10_000_000  # the profile's prompt indices, and the probes'
 PROBE_INDEX = 20_000_000
-REPROFILE_INDEX = 30_000_000  # the profile again before load step k: k * REPROFILE_SPAN on
+TOUCH_INDEX = 30_000_000  # the slot touches' prompt indices
+REPROFILE_INDEX = 40_000_000  # the profile again before load step k: k * REPROFILE_SPAN on
 SEED_SPREAD = 997  # seeds apart by other than a multiple of this share no index words
 SEED_STRIDE = 1_000  # prompt indices a seed's profile (or its probes) may use
 REPROFILE_SPAN = SEED_SPREAD * SEED_STRIDE  # every seed's profile before one load step
@@ -594,7 +595,6 @@ async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
     return min(gaps), float(np.mean(rec.prompt_tokens))
 
 
-TOUCH_INDEX = 30_000_000  # the slot touches' prompt indices
 TOUCH_TOKENS = 8
 
 
