@@ -405,8 +405,9 @@ def test_validates_prompt_index_ranges_do_not_overlap():
     slot touches', the profile again before each of up to 10 steps) draws its prompts
     from its own range of indices, each seed from its own part of it: a shared index is
     a shared first words, which llama.cpp serves from its cache (until 2026-12-04 the
-    profile again began on the slot touches' indices)."""
+    profile again began on the slot touches' indices, then past the words' last index)."""
     from servelab.measure import llm_validate as v
+    from servelab.measure.llm_workload import _INDEX_WORDS, words
 
     every_seed = v.SEED_SPREAD * v.SEED_STRIDE
     ranges = sorted([(0, v.PROFILE_INDEX),  # the load steps' prompts count up from 0
@@ -416,6 +417,8 @@ def test_validates_prompt_index_ranges_do_not_overlap():
                      (v.REPROFILE_INDEX, v.REPROFILE_INDEX + 10 * v.REPROFILE_SPAN)])
     for (_, end), (start, _) in itertools.pairwise(ranges):
         assert end <= start
+    # the words spell indices up to about 40M (validate once stopped on 40,003,000)
+    assert ranges[-1][1] <= len(words()) ** _INDEX_WORDS
     assert every_seed <= v.REPROFILE_SPAN
 
 

@@ -200,7 +200,7 @@ def test_a_decode_step_from_bunched_chunks_is_the_span_over_its_tokens() -> None
     import numpy as np
 
     from servelab.measure.llm_metrics import RunRecords
-    from servelab.measure.llm_validate import SKIP_GAPS, _median_gap_ms
+    from servelab.measure.llm_validate import SKIP_GAPS, _step_gap_ms
 
     def rec(chunks_ms: list[float], tokens: int) -> RunRecords:
         ns = np.array(chunks_ms) * 1e6
@@ -209,10 +209,13 @@ def test_a_decode_step_from_bunched_chunks_is_the_span_over_its_tokens() -> None
                           np.array([tokens]), np.array([-1]), ("",))
 
     steps = [3.0 * k for k in range(48)]  # a token a chunk every 3 ms
-    assert _median_gap_ms(rec(steps, 48), 0) == 3.0
+    assert _step_gap_ms(rec(steps, 48), 0) == pytest.approx(3.0)
+    # one slow step of 20 ms among 39 mid-stream ones: TPOT pays for it, so the step does
+    slow = steps[:30] + [s + 17.0 for s in steps[30:]]
+    assert _step_gap_ms(rec(slow, 48), 0) == pytest.approx(3.0 + 17.0 / (47 - SKIP_GAPS))
     # the same 48 tokens every 3 ms, but sent two a chunk after the first SKIP_GAPS + 1:
     # the gaps are 6 ms, so the median gap reads a step twice as long
     bunched = steps[:SKIP_GAPS + 1] + steps[SKIP_GAPS + 2::2] + steps[-1:]
-    got = _median_gap_ms(rec(bunched, 48), 0)
+    got = _step_gap_ms(rec(bunched, 48), 0)
     assert got == pytest.approx(3.0)
     assert float(np.median(np.diff(bunched)[SKIP_GAPS:])) > 5  # what the median said

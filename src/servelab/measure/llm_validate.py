@@ -10,7 +10,7 @@ simulator's step model to it, load it, and set the prediction beside the measure
      TTFT; the client's TTFT less it, at the median, is the time outside the steps
      (HTTP, tokenizing, the wait for the server's next loop): `overhead_ms`;
    - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
-     median gap between chunks in the middle of their streams (the lesser of two runs)
+     mean gap between chunks in the middle of their streams (the lesser of two runs)
      is a step of c decodes reading their KV;
    - mixed: a prompt joining running decodes, the longest gap in a running stream (the
      steps a load makes; prefill alone put their fixed cost 12-20 ms short);
@@ -95,10 +95,12 @@ PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-ba
 DECODE_PROMPTS = (32, 448)  # two contexts, so KV read and sequences can be told apart
 DECODE_TOKENS = 48
 DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
-PROFILE_INDEX = 10_000_000  # the profile's prompt indices, and the probes'
-PROBE_INDEX = 20_000_000
-TOUCH_INDEX = 30_000_000  # the slot touches' prompt indices
-REPROFILE_INDEX = 40_000_000  # the profile again before load step k: k * REPROFILE_SPAN on
+# each kind of request draws its prompts from its own indices (a test holds the ranges
+# apart, and under the words' limit, about 40M): the load steps from 0, then these
+PROFILE_INDEX = 10_000_000  # the profile's prompt indices
+PROBE_INDEX = 11_000_000
+TOUCH_INDEX = 12_000_000  # the slot touches' prompt indices
+REPROFILE_INDEX = 13_000_000  # the profile again before load step k: k * REPROFILE_SPAN on
 SEED_SPREAD = 997  # seeds apart by other than a multiple of this share no index words
 SEED_STRIDE = 1_000  # prompt indices a seed's profile (or its probes) may use
 REPROFILE_SPAN = SEED_SPREAD * SEED_STRIDE  # every seed's profile before one load step
@@ -402,9 +404,11 @@ async def discover_limits(session: aiohttp.ClientSession, base: str, rule: Sched
     return limits
 
 
-def _median_gap_ms(rec: RunRecords, i: int) -> float:
-    """A decode step of request i's stream, past its first SKIP_GAPS gaps: the median gap
-    between chunks where each chunk is one token (llama.cpp); where the server bunches
+def _step_gap_ms(rec: RunRecords, i: int) -> float:
+    """A decode step of request i's stream, past its first SKIP_GAPS gaps: the mean gap
+    between chunks where each chunk is one token (llama.cpp; the mean, as TPOT averages
+    its steps: under load on 2026-12-04 a lone stream's mean gap ran 2-5% above its
+    median, a slow step now and then); where the server bunches
     tokens into fewer chunks (vLLM's output processor, when it falls behind, sends
     several at once, and the gaps between bunched chunks are near 0), the stream's time
     per output token after the first, as TPOT counts it (all c streams' prompts went in
@@ -415,7 +419,7 @@ def _median_gap_ms(rec: RunRecords, i: int) -> float:
         return math.nan
     tokens = int(rec.output_tokens[i])
     if tokens <= chunks.size:  # a token a chunk
-        return float(np.median(gaps)) / 1e6
+        return float(np.mean(gaps)) / 1e6
     return float(chunks[-1] - chunks[0]) / (tokens - 1) / 1e6
 
 
@@ -583,7 +587,8 @@ async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
                           prompt_len: int, tpw: float, index: int, seed: int,
                           pin: bool = False) -> tuple[float, float]:
     """c decode streams at once after prompts of `prompt_len` (`pin`: on slots 0 .. c-1):
-    the median gap mid-stream, the least of DECODE_REPEATS runs (noise only adds time),
+    the mean gap mid-stream, the least of DECODE_REPEATS runs (one run of the AVX2 VM
+    came out 55% slow),
     and the prompts' mean tokens. Uses the prompt indices index .. index + c *
     DECODE_REPEATS."""
     gaps = []
@@ -591,7 +596,7 @@ async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
         reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
                                tokens_per_word=tpw, seed=seed, first_index=index + k * c)
         rec = await _at_once(session, ep, pinned(reqs, 0, pin), "a decode")
-        gaps.append(float(np.median([_median_gap_ms(rec, i) for i in range(c)])))
+        gaps.append(float(np.median([_step_gap_ms(rec, i) for i in range(c)])))
     return min(gaps), float(np.mean(rec.prompt_tokens))
 
 
