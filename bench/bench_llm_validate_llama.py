@@ -71,13 +71,14 @@ def main() -> None:
           mid_llama_server(binary, Path(tmp)) as url):
         for run in range(args.runs):
             use = HostUse()
-            folder = (args.out or Path(tmp)) / f"run-{run}"  # its records, to score again
+            # with --out, each run's records too, to score it again offline
+            keep = ["--out", str(args.out / f"run-{run}")] if args.out else []
             done = subprocess.run(
                 ["taskset", "-c", "0", sys.executable, "-m", "servelab", "llm",
                  "validate", "--url", url, "--shares", ",".join(map(str, SHARES)),
                  "--num-prompts", str(args.num_prompts), "--random-input-len", "128",
                  "--random-output-len", "32", "--seed", str(1000 + run), "--json",
-                 "--reprofile", "--out", str(folder)],
+                 "--reprofile", *keep],
                 capture_output=True, text=True, timeout=3600, check=False, cwd=ROOT)
             steal, others = use.shares()
             report = validate_report(done, run, args.out, "llm-validate-llama")
