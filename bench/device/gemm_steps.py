@@ -17,6 +17,7 @@ import argparse
 import json
 
 import torch
+from llama_steps import time_graph  # beside this file
 
 
 def main() -> None:
@@ -55,33 +56,12 @@ def main() -> None:
                 y = y + (g[:, :inter] * g[:, inter:]) @ w_d
             return y @ head
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        for _ in range(3):
-            g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(a.iters):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            times.append(e0.elapsed_time(e1))
-        times.sort()
+        times = time_graph(step, a.iters, warmups=3)
         ms = times[len(times) // 2]
         rows.append({"tokens": t, "median_ms": ms, "min_ms": times[0],
                      "tflops": 2 * params * t / (ms / 1e3) / 1e12,
                      "weight_tbps": params * 2 / (ms / 1e3) / 1e12})
         print(rows[-1], flush=True)
-        del g
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tp": tp,
            "params_per_gpu": params, "shapes": vars(a), "rows": rows}
     with open(a.out, "w") as f:
