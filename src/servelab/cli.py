@@ -311,6 +311,7 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
 SchedulerOpt = Annotated[str | None, option("llm.scheduler")]
 CompEffOpt = Annotated[float | None, option("llm.compute_efficiency")]
 MemEffOpt = Annotated[float | None, option("llm.memory_efficiency")]
+KvEffOpt = Annotated[float | None, option("llm.kv_memory_efficiency")]
 OverheadOpt = Annotated[float | None, option("llm.overhead_ms")]
 PfOverheadOpt = Annotated[float | None, option("llm.prefill_first_overhead_ms")]
 PerSeqOpt = Annotated[float | None, option("llm.per_seq_ms")]
@@ -354,7 +355,8 @@ def llm_simulate(
     prefix_caching: PrefixCachingOpt = None, prefix_tokens: PrefixTokensOpt = None,
     prefix_hit_share: PrefixShareOpt = None, scheduler: SchedulerOpt = None,
     compute_efficiency: CompEffOpt = None, memory_efficiency: MemEffOpt = None,
-    overhead_ms: OverheadOpt = None, prefill_first_overhead_ms: PfOverheadOpt = None,
+    kv_memory_efficiency: KvEffOpt = None, overhead_ms: OverheadOpt = None,
+    prefill_first_overhead_ms: PfOverheadOpt = None,
     per_seq_ms: PerSeqOpt = None, overlap: OverlapOpt = None,
     allreduce_latency_us: ArLatOpt = None,
     nccl_allreduce_latency_us: NcclLatOpt = None, frontend_ms: FrontOpt = None,

@@ -728,8 +728,11 @@ class LlmPool:
         "compute_efficiency; default fitted to published runs).",
         flags=("--compute-efficiency",))
     memory_efficiency: float | None = spec(None, _opt(_num(0.001, 1)), "Share of HBM bandwidth "
-                                           "a step's reads reach.",
+                                           "a step's reads of the weights reach.",
                                            flags=("--memory-efficiency",))
+    kv_memory_efficiency: float | None = spec(
+        None, _opt(_num(0.001, 1)), "Share of HBM bandwidth a step's reads of the KV cache "
+        "reach (attention gathers it per sequence).", flags=("--kv-memory-efficiency",))
     overhead_ms: float | None = spec(None, _opt(_num(0, 1000)), "Fixed time per step "
                                      "(scheduler, launches) of vLLM V1.", unit="ms",
                                      flags=("--overhead-ms",))

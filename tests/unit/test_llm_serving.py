@@ -17,6 +17,7 @@ from servelab.llm.serving import (
     Requests,
     SchedulerConfig,
     StepModel,
+    StepParams,
     Workload,
     lognormal_lengths,
     serve_llm,
@@ -610,6 +611,44 @@ def test_roofline_against_whole_steps_measured_on_an_h200(name):
             # bandwidth and its small kernels add 1-2 ms a step; the model (0.83 of HBM,
             # 0.64 ms a step) is 42% below to 18% above
             assert 0.55 <= ratio <= 1.2, (row, predicted)
+
+
+def test_kv_reads_have_their_own_efficiency():
+    """The memory side is the weights at memory_efficiency plus the KV read at
+    kv_memory_efficiency (attention gathers the KV per sequence: on an H200 PyTorch's
+    kernels read it at half the weights' rate). By default the two are the same."""
+    m = StepModel(weight_bytes=8e9, kv_bytes_per_token=1e5, flops_per_token=1.0,
+                  attn_flops_per_context_token=0.0, peak_flops=1e15, hbm_bytes_per_s=2e12,
+                  memory_efficiency=0.8, kv_memory_efficiency=0.4, overhead_s=0.0)
+    assert m.step_s(1, 0.0, 50_000) == pytest.approx(8e9 / 1.6e12 + 5e9 / 0.8e12)
+    assert m.step_s(1, 0.0, 0) == pytest.approx(8e9 / 1.6e12)
+    # unset, the KV follows the weights' efficiency, whatever that is set to
+    assert StepParams().kv_read_efficiency == StepParams().memory_efficiency
+    assert StepParams(memory_efficiency=0.6).kv_read_efficiency == 0.6
+    assert replace(m, kv_memory_efficiency=None).step_s(1, 0.0, 50_000) == pytest.approx(
+        (8e9 + 5e9) / 1.6e12)
+    with pytest.raises(InputError, match="--kv-memory-efficiency"):
+        StepParams(kv_memory_efficiency=0.0).check()
+
+
+def test_kv_memory_efficiency_reaches_llm_simulate():
+    import json
+    import subprocess
+    import sys
+
+    def tpot(*extra: str) -> tuple[float, list[str]]:
+        r = subprocess.run([sys.executable, "-m", "servelab", "llm", "simulate", "--model",
+                            "llama-3.1-8b", "--gpu", "H100", "--rate", "8", "--num-prompts",
+                            "300", "--json", *extra], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        return d["tpot_ms"]["p50"], d["notes"]
+
+    base, _ = tpot()
+    slow, notes = tpot("--kv-memory-efficiency", "0.3")
+    assert slow > base * 1.02  # decodes read a few hundred KV tokens each
+    assert any("0.3 for the KV cache" in n for n in notes)
 
 
 @pytest.mark.parametrize("name", STEP_FILES)

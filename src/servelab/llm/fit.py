@@ -34,6 +34,7 @@ from servelab.llm.serving import (
 FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s")
 # name, low, high: the range each constant is fitted within
 BOUNDS = (("compute_efficiency", 0.2, 1.0), ("memory_efficiency", 0.4, 1.0),
+          ("kv_memory_efficiency", 0.2, 1.0),
           ("overlap", 1.0, 8.0), ("overhead_ms", 0.0, 5.0),
           ("prefill_first_overhead_ms", 0.0, 5.0), ("per_seq_ms", 0.0, 0.5),
           ("allreduce_latency_us", 0.0, 100.0), ("nccl_allreduce_latency_us", 0.0, 500.0),
@@ -131,6 +132,9 @@ def fit(runs: Sequence[Run], start: StepParams | None = None,
         raise invalid("--max-evals", max_evals, f"10 to {MAX_EVALS:,}", "e.g. --max-evals 300")
     base = start or StepParams()
     names = tuple(default_names(runs) if names is None else names)
+    if "kv_memory_efficiency" in names and base.kv_memory_efficiency is None:
+        # the KV's reads start where the weights' are
+        base = replace(base, kv_memory_efficiency=base.memory_efficiency)
     lo = np.array([_RANGE[n][0] for n in names])
     span = np.array([_RANGE[n][1] - _RANGE[n][0] for n in names])
     evals = 0

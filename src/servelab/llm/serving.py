@@ -126,6 +126,11 @@ class StepParams:
 
     compute_efficiency: float = COMPUTE_EFFICIENCY
     memory_efficiency: float = MEMORY_EFFICIENCY
+    # The KV cache's reads apart from the weights': attention gathers the KV per sequence
+    # (on an H200 PyTorch's kernels read it at 0.46-0.62 of HBM bandwidth,
+    # bench/device/results/steps/). None: the weights' memory_efficiency. Fitted apart to
+    # the published runs it went to 0.52 and the hold-out cases got no better (docs/llm.md)
+    kv_memory_efficiency: float | None = None
     overhead_ms: float = OVERHEAD_MS
     # the same for the prefill-first engines (vLLM 0.6.0, SGLang 0.3.0), whose loop
     # spent more time outside the GPU a step than vLLM V1's
@@ -141,9 +146,17 @@ class StepParams:
     # measures the same on a live server).
     frontend_ms: float = FRONTEND_MS
 
+    @property
+    def kv_read_efficiency(self) -> float:
+        """The KV cache's share of HBM bandwidth: its own, or the weights'."""
+        return (self.memory_efficiency if self.kv_memory_efficiency is None
+                else self.kv_memory_efficiency)
+
     def check(self) -> None:
         for name, v, lo, hi in (("--compute-efficiency", self.compute_efficiency, 1e-3, 1.0),
                                 ("--memory-efficiency", self.memory_efficiency, 1e-3, 1.0),
+                                ("--kv-memory-efficiency", self.kv_read_efficiency, 1e-3,
+                                 1.0),
                                 ("--overhead-ms", self.overhead_ms, 0.0, 1000.0),
                                 ("--prefill-first-overhead-ms",
                                  self.prefill_first_overhead_ms, 0.0, 1000.0),
@@ -173,6 +186,7 @@ class StepModel:
     hbm_bytes_per_s: float
     compute_efficiency: float = COMPUTE_EFFICIENCY
     memory_efficiency: float = MEMORY_EFFICIENCY
+    kv_memory_efficiency: float | None = None  # None: memory_efficiency
     overhead_s: float = 0.0005
     tp: int = 1
     allreduces_per_step: int = 0  # two per layer (after attention, after the MLP)
@@ -196,9 +210,11 @@ class StepModel:
         seqs = seqs or decode_seqs
         flops = (tokens * self.flops_per_token + attn_context * self.attn_flops_per_context_token
                  + seqs * self.lm_head_flops)
-        data = self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token
         c = flops / (self.peak_flops * self.compute_efficiency)
-        m = data / (self.hbm_bytes_per_s * self.memory_efficiency)
+        m = (self.weight_bytes / self.memory_efficiency
+             + kv_tokens_read * self.kv_bytes_per_token
+             / (self.kv_memory_efficiency or self.memory_efficiency)
+             ) / self.hbm_bytes_per_s
         if math.isinf(self.overlap):
             both = max(c, m)
         else:
@@ -248,6 +264,7 @@ class StepModel:
             hbm_bytes_per_s=g.hbm_bandwidth_tbps * 1e12,
             compute_efficiency=p.compute_efficiency,
             memory_efficiency=p.memory_efficiency,
+            kv_memory_efficiency=p.kv_memory_efficiency,
             overhead_s=(p.prefill_first_overhead_ms if prefill_first else p.overhead_ms)
             / 1e3,
             per_seq_s=p.per_seq_ms / 1e3,
@@ -915,7 +932,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         overlap = ("the larger" if math.isinf(params.overlap)
                    else f"a {params.overlap:g}-norm")
         notes = ["step time is a roofline with stated efficiencies (compute "
-                 f"{params.compute_efficiency:g}, memory {params.memory_efficiency:g}, "
+                 f"{params.compute_efficiency:g}, memory {params.memory_efficiency:g} for "
+                 f"weights and {params.kv_read_efficiency:g} for the KV cache, "
                  f"{overlap} of the two; {model.overhead_s * 1e3:g} ms a step and "
                  f"{params.per_seq_ms:g} ms a sequence; {params.frontend_ms:g} ms outside "
                  "the steps a request"
@@ -986,7 +1004,9 @@ def _step_model_dict(model: StepModel | ProfileStepModel) -> dict[str, Any]:
             "hbm_tbps": model.hbm_bytes_per_s / 1e12,
             "allreduce_ms_batch1": model.allreduce_s(1) * 1e3,
             "compute_efficiency": model.compute_efficiency,
-            "memory_efficiency": model.memory_efficiency, "overlap": model.overlap,
+            "memory_efficiency": model.memory_efficiency,
+            "kv_memory_efficiency": model.kv_memory_efficiency or model.memory_efficiency,
+            "overlap": model.overlap,
             "overhead_ms": model.overhead_s * 1e3, "per_seq_ms": model.per_seq_s * 1e3,
             "allreduce_latency_us_each": model.allreduce_latency_s * 1e6}
 
