@@ -235,6 +235,7 @@ def main() -> None:
     ap.add_argument("--lean", action="store_true", help="fewer, fused kernels a layer")
     ap.add_argument("--no-attention", action="store_true",
                     help="leave out the KV writes and attention")
+    ap.add_argument("--tag", default="", help="added to the output files' names")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     t0 = time.time()
@@ -256,7 +257,7 @@ def main() -> None:
         gqa = False
     rows = []
     name = (f"{a.model}-tp{a.tp}" + ("-lean" if a.lean else "")
-            + ("-noattn" if a.no_attention else ""))
+            + ("-noattn" if a.no_attention else "") + (f"-{a.tag}" if a.tag else ""))
     for kind, b, ctx, c in shapes(a.grid, a.kv_cap):
         try:
             times = time_graph(make_step(s, b, ctx, c, gqa, a.lean, not a.no_attention), a.iters)
