@@ -444,15 +444,40 @@ def test_slots_are_replayed_by_least_recent_release() -> None:
     the highest id); a request finding every slot busy waits for the first to free."""
     from servelab.measure.llm_validate import replay_slots
 
-    rec = records([{"intended": 0, "done": 10 * MS, "chunks": [MS]},
-                   {"intended": 0, "done": 20 * MS, "chunks": [MS]},
+    rec = records([{"intended": 0, "done": 10 * MS, "chunks": [9 * MS]},
+                   {"intended": 0, "done": 20 * MS, "chunks": [19 * MS]},
                    {"intended": 30 * MS, "done": 40 * MS, "chunks": [31 * MS]},
                    {"intended": 30 * MS, "done": 40 * MS, "chunks": [31 * MS]},
                    {"intended": 35 * MS, "done": 50 * MS, "chunks": [41 * MS]},
                    {"intended": 0, "done": 1, "chunks": [], "error": "HTTP 500"}])
     # three slots: r0, r1 -> slots 2, 1; at 30 ms r2 -> slot 0 (never used), r3 -> slot
-    # 2 (released at 10 ms, before slot 1 at 20); r4 at 35 ms -> slot 1
+    # 2 (released at 9 ms, before slot 1 at 19); r4 at 35 ms -> slot 1
     assert replay_slots(rec, 3).tolist() == [2, 1, 0, 2, 1, -1]
     # two slots: r0, r1 -> 1, 0; r2 -> 1 (released first), r3 -> 0; r4 finds both busy
-    # and waits to 40 ms, when r2 and r3 end, released in that order: it takes slot 1
-    assert replay_slots(rec, 2).tolist() == [1, 0, 1, 0, 1, -1]
+    # and waits to 31 ms, when r2 and r3 end in one step: the server releases slot 0
+    # before slot 1 (it walks its slots in order), so r4 takes slot 0
+    assert replay_slots(rec, 2).tolist() == [1, 0, 1, 0, 0, -1]
+
+
+def test_streams_ending_in_one_step_free_their_slots_in_slot_order() -> None:
+    """Two streams whose last tokens came from one step: the server released the lower
+    slot first, whichever end the client read first (CI, 2026-12-04: the end on slot 3
+    read 0.1 ms before the one on slot 0, and the next request took slot 0)."""
+    from servelab.measure.llm_validate import replay_slots
+
+    rec = records([{"intended": 0, "done": 10 * MS, "chunks": [MS]},  # -> slot 1
+                   {"intended": 0, "done": 10 * MS, "chunks": [MS]},  # -> slot 0
+                   # both end in the step at 20 ms; slot 0's end reaches the client last
+                   {"intended": 5 * MS, "done": 25 * MS, "chunks": [20 * MS + 100_000]},
+                   {"intended": 5 * MS, "done": 25 * MS, "chunks": [20 * MS]},
+                   {"intended": 30 * MS, "done": 40 * MS, "chunks": [35 * MS]}])
+    # r0, r1 (one step, 1 ms) free slots 0 then 1: r2 -> 0, r3 -> 1; r2 (slot 0) and
+    # r3 (slot 1) end in one step, r3 read first: slot 0 is still the older, r4 -> 0
+    assert replay_slots(rec, 2).tolist() == [1, 0, 0, 1, 0]
+    # a step apart (5 ms), the client's order holds: r3 first, so r4 -> slot 1
+    apart = records([{"intended": 0, "done": 10 * MS, "chunks": [MS]},
+                     {"intended": 0, "done": 10 * MS, "chunks": [MS]},
+                     {"intended": 5 * MS, "done": 25 * MS, "chunks": [25 * MS]},
+                     {"intended": 5 * MS, "done": 25 * MS, "chunks": [20 * MS]},
+                     {"intended": 30 * MS, "done": 40 * MS, "chunks": [35 * MS]}])
+    assert replay_slots(apart, 2).tolist() == [1, 0, 0, 1, 1]

@@ -650,27 +650,39 @@ def replay_slots(rec: RunRecords, slots: int) -> np.ndarray:
     request to the idle slot least recently released (of never-used slots the highest
     id). A slot is freed when its last token came: the server releases it as it sends
     the end of the stream, which reaches the client later, and a request sent in
-    between found the slot free. -1 where a request did not complete, or where the
-    client's times cannot tell (a request that ended while the replay still had it
-    waiting)."""
+    between found the slot free. Streams that ended in one step (last tokens within
+    STEP_GROUP_NS) were released in slot order, lowest id first (the server walks its
+    slots in order after each step), whatever order their ends reached the client in.
+    -1 where a request did not complete, or where the client's times cannot tell (a
+    request that ended while the replay still had it waiting)."""
     ok = np.flatnonzero(rec.ok)
     out = np.full(rec.ok.size, -1, np.int64)
-    end = [int(rec.chunk_ns[i][-1]) if rec.chunk_ns[i].size else int(rec.done_ns[i])
-           for i in range(rec.ok.size)]
-    # events in time order: a release (0) before an arrival (1) at the same instant
-    ev = sorted([(end[i], 0, int(i)) for i in ok]
-                + [(int(rec.sent_ns[i]), 1, int(i)) for i in ok])
+    end = {int(i): int(rec.chunk_ns[i][-1]) if rec.chunk_ns[i].size else int(rec.done_ns[i])
+           for i in ok}
+    # each release at the start of its step's group of ends
+    step_of: dict[int, int] = {}
+    start = None
+    for i in sorted(end, key=lambda k: (end[k], k)):
+        if start is None or end[i] - start >= STEP_GROUP_NS:
+            start = end[i]
+        step_of[i] = start
+    # events in time order: a step's releases (0) before an arrival (1) at that instant
+    ev = sorted([(step_of[i], 0, i) for i in end] + [(int(rec.sent_ns[i]), 1, int(i))
+                                                      for i in ok])
     last_used: list[tuple[int, int]] = [(-1, 0)] * slots
     holder = [-1] * slots
     waiting: list[int] = []
-    for t, kind, i in ev:
+    for (t, kind), group in itertools.groupby(ev, key=lambda e: (e[0], e[1])):
+        ids = [e[2] for e in group]
         if kind == 1:
-            waiting.append(i)
-        elif out[i] >= 0:
-            holder[out[i]] = -1
-            last_used[out[i]] = (t, i)
-        elif i in waiting:
-            waiting.remove(i)
+            waiting.extend(ids)
+        else:
+            for i in ids:
+                if out[i] >= 0:
+                    holder[out[i]] = -1
+                    last_used[out[i]] = (t, int(out[i]))  # one step: lower ids first
+                elif i in waiting:
+                    waiting.remove(i)
         while waiting and -1 in holder:
             s = min((x for x in range(slots) if holder[x] < 0),
                     key=lambda x: (last_used[x], -x))
