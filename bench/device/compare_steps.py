@@ -25,7 +25,6 @@ from servelab.llm.kv import PoolSpec
 from servelab.llm.models import get_model
 from servelab.llm.serving import ProfileStepModel, StepModel
 
-MODEL_LAYERS = {"llama-3.1-8b": 32, "llama-3.1-70b": 80}
 RESULTS = Path(__file__).resolve().parent / "results" / "steps"
 
 
@@ -67,8 +66,7 @@ def compare(path: Path) -> dict:
 def attention_share(with_attn: Path, without: Path) -> None:
     """Each row's attention time (the difference) and the KV bytes it read a second."""
     a, b = (json.loads(p.read_text()) for p in (with_attn, without))
-    kv_bytes = (2 * MODEL_LAYERS[a["model"]] * a["shape"]["kv_heads"] // a["tp"]
-                * a["shape"]["head_dim"] * 2)
+    kv_bytes = roofline(a["model"], a["tp"]).kv_bytes_per_token
     for r, s in zip(a["rows"], b["rows"], strict=True):
         ms = r["median_ms"] - s["median_ms"]
         read = r["kv_tokens_read"] * kv_bytes / (ms / 1e3) / 1e12 if ms > 0 else 0.0

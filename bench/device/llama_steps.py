@@ -78,7 +78,6 @@ class Shard:
         inv = 1.0 / (500000.0 ** (torch.arange(0, self.d, 2, device=dev).float() / self.d))
         ang = pos[:, None] * inv[None, :]
         self.cos, self.sin = ang.cos().to(DT), ang.sin().to(DT)
-        self.kv_cap = kv_cap
 
 
 def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -117,8 +116,7 @@ def make_step(s: Shard, b: int, ctx: int, c: int, gqa: bool, lean: bool = False,
     pos = torch.cat((torch.full((b,), max(ctx - 1, 0), device=dev, dtype=torch.long),
                      torch.arange(c, device=dev, dtype=torch.long)))
     cos, sin = s.cos[pos], s.sin[pos]
-    fc = torch.polar(torch.ones_like(cos, dtype=torch.float32), torch.atan2(
-        sin.float(), cos.float()))[:, None, :]
+    fc = torch.complex(cos.float(), sin.float())[:, None, :]  # rope_lean's rotation
     norm = rms_lean if lean else rms
     qd, kd = s.hq * s.d, s.hk * s.d
     # the prompt chunk's K and V land here (vLLM writes them into its paged cache)
@@ -153,15 +151,14 @@ def make_step(s: Shard, b: int, ctx: int, c: int, gqa: bool, lean: bool = False,
                 pk.copy_(k[b:].transpose(0, 1).unsqueeze(0))
                 pv.copy_(v[b:].transpose(0, 1).unsqueeze(0))
                 qp = q[b:].transpose(0, 1).unsqueeze(0)
-                kp, vp = pk, pv
                 with sdpa_kernel(BACKENDS):
                     if gqa:
-                        o = tnf.scaled_dot_product_attention(qp, kp, vp, is_causal=True,
+                        o = tnf.scaled_dot_product_attention(qp, pk, pv, is_causal=True,
                                                            enable_gqa=True)
                     else:
                         o = tnf.scaled_dot_product_attention(
-                            qp, kp.repeat_interleave(s.g, dim=1),
-                            vp.repeat_interleave(s.g, dim=1), is_causal=True)
+                            qp, pk.repeat_interleave(s.g, dim=1),
+                            pv.repeat_interleave(s.g, dim=1), is_causal=True)
                 outs.append(o[0].transpose(0, 1).reshape(c, qd))
             a = outs[0] if len(outs) == 1 else torch.cat(outs)
             x = torch.addmm(x, a, lw["o"]) if lean else x + a @ lw["o"]
@@ -273,6 +270,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
+        # rewritten after every row: a run cut short by its timeout keeps what it measured
         with open(os.path.join(a.out, name + ".json"), "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "model": a.model, "tp": a.tp, "shape": m,

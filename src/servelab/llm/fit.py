@@ -134,7 +134,7 @@ def fit(runs: Sequence[Run], start: StepParams | None = None,
     names = tuple(default_names(runs) if names is None else names)
     if "kv_memory_efficiency" in names and base.kv_memory_efficiency is None:
         # the KV's reads start where the weights' are
-        base = replace(base, kv_memory_efficiency=base.memory_efficiency)
+        base = replace(base, kv_memory_efficiency=base.kv_read_efficiency)
     lo = np.array([_RANGE[n][0] for n in names])
     span = np.array([_RANGE[n][1] - _RANGE[n][0] for n in names])
     evals = 0

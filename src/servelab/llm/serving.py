@@ -212,8 +212,7 @@ class StepModel:
                  + seqs * self.lm_head_flops)
         c = flops / (self.peak_flops * self.compute_efficiency)
         m = (self.weight_bytes / self.memory_efficiency
-             + kv_tokens_read * self.kv_bytes_per_token
-             / (self.kv_memory_efficiency or self.memory_efficiency)
+             + kv_tokens_read * self.kv_bytes_per_token / self.kv_read_efficiency
              ) / self.hbm_bytes_per_s
         if math.isinf(self.overlap):
             both = max(c, m)
@@ -222,6 +221,12 @@ class StepModel:
             both = hi * ((c / hi) ** self.overlap + (m / hi) ** self.overlap) ** (
                 1 / self.overlap) if hi > 0 else 0.0
         return both + self.overhead_s + seqs * self.per_seq_s + self.allreduce_s(tokens)
+
+    @property
+    def kv_read_efficiency(self) -> float:
+        """The KV cache's share of HBM bandwidth: its own, or the weights'."""
+        return (self.memory_efficiency if self.kv_memory_efficiency is None
+                else self.kv_memory_efficiency)
 
     def allreduce_s(self, tokens: int) -> float:
         """A ring all-reduce moves 2 (tp - 1) / tp of the data through each GPU's link; each
@@ -1005,7 +1010,7 @@ def _step_model_dict(model: StepModel | ProfileStepModel) -> dict[str, Any]:
             "allreduce_ms_batch1": model.allreduce_s(1) * 1e3,
             "compute_efficiency": model.compute_efficiency,
             "memory_efficiency": model.memory_efficiency,
-            "kv_memory_efficiency": model.kv_memory_efficiency or model.memory_efficiency,
+            "kv_memory_efficiency": model.kv_read_efficiency,
             "overlap": model.overlap,
             "overhead_ms": model.overhead_s * 1e3, "per_seq_ms": model.per_seq_s * 1e3,
             "allreduce_latency_us_each": model.allreduce_latency_s * 1e6}
