@@ -105,7 +105,7 @@ def rope_lean(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 
 def make_step(s: Shard, b: int, ctx: int, c: int, gqa: bool, lean: bool = False,
-              attention: bool = True):
+              attention: bool = True, attn: str = "flash"):
     """A step of b decodes over ctx tokens of context plus one prompt chunk of c tokens.
     lean: PyTorch's fused RMSNorm, rotary embedding as one complex multiply, residuals
     added in the GEMMs' epilogue (fewer kernels a layer, as an engine's fused ones);
@@ -143,9 +143,14 @@ def make_step(s: Shard, b: int, ctx: int, c: int, gqa: bool, lean: bool = False,
                 vc = lw["v"][:b * s.hk * ctx * s.d].view(b, s.hk, ctx, s.d)
                 kc[:, :, ctx - 1, :] = k[:b]
                 vc[:, :, ctx - 1, :] = v[:b]
-                qg = q[:b].view(b, s.hk, s.g, s.d)
-                with sdpa_kernel(BACKENDS):
-                    o = tnf.scaled_dot_product_attention(qg, kc, vc)
+                if attn == "cudnn":  # one query row a head, the KV heads grouped
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                        o = tnf.scaled_dot_product_attention(q[:b].unsqueeze(2), kc, vc,
+                                                             enable_gqa=True)
+                else:
+                    qg = q[:b].view(b, s.hk, s.g, s.d)
+                    with sdpa_kernel(BACKENDS):
+                        o = tnf.scaled_dot_product_attention(qg, kc, vc)
                 outs.append(o.reshape(b, qd))
             if c and attention:
                 pk.copy_(k[b:].transpose(0, 1).unsqueeze(0))
@@ -232,6 +237,10 @@ def main() -> None:
     ap.add_argument("--lean", action="store_true", help="fewer, fused kernels a layer")
     ap.add_argument("--no-attention", action="store_true",
                     help="leave out the KV writes and attention")
+    ap.add_argument("--attn", choices=["flash", "cudnn"], default="flash",
+                    help="decode attention: SDPA's FlashAttention kernel with the query heads "
+                    "as rows, or cuDNN's (split-KV; read the KV at 0.84-0.92 of HBM in "
+                    "attn_decode.py on an H200 where flash read it at 0.49-0.53)")
     ap.add_argument("--tag", default="", help="added to the output files' names")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -254,10 +263,12 @@ def main() -> None:
         gqa = False
     rows = []
     name = (f"{a.model}-tp{a.tp}" + ("-lean" if a.lean else "")
-            + ("-noattn" if a.no_attention else "") + (f"-{a.tag}" if a.tag else ""))
+            + ("-noattn" if a.no_attention else "")
+            + ("-cudnn" if a.attn == "cudnn" else "") + (f"-{a.tag}" if a.tag else ""))
     for kind, b, ctx, c in shapes(a.grid, a.kv_cap):
         try:
-            times = time_graph(make_step(s, b, ctx, c, gqa, a.lean, not a.no_attention), a.iters)
+            times = time_graph(make_step(s, b, ctx, c, gqa, a.lean, not a.no_attention,
+                                         a.attn), a.iters)
         except Exception as e:
             print(f"{kind} b={b} ctx={ctx} c={c}: FAILED {type(e).__name__}: {e}", flush=True)
             torch.cuda.empty_cache()
@@ -276,7 +287,8 @@ def main() -> None:
                        "model": a.model, "tp": a.tp, "shape": m,
                        "params_per_gpu": s.params, "kv_cap": a.kv_cap,
                        "enable_gqa": gqa, "lean": a.lean,
-                       "attention": not a.no_attention, "iters": a.iters, "rows": rows},
+                       "attention": not a.no_attention, "attn": a.attn, "iters": a.iters,
+                       "rows": rows},
                       f, indent=1)
     with open(os.path.join(a.out, name + ".csv"), "w", newline="") as f:
         wr = csv.writer(f)
