@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -37,7 +35,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.llm_server import llama_server_binary, mid_llama_server  # noqa: E402
+from tests.llm_server import on_mid_llama_server  # noqa: E402
 
 from servelab.measure.llm_workload import random_requests  # noqa: E402
 
@@ -73,13 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    binary = llama_server_binary()
-    if binary is None:
-        sys.exit("llama-server is not built: run scripts/llama_server.sh (cmake, g++)")
-    with (tempfile.TemporaryDirectory(prefix="servelab-slots-") as tmp,
-          mid_llama_server(binary, Path(tmp)) as url):
-        os.sched_setaffinity(0, {0})
-        res = asyncio.run(run(url, args.repeats))
+    res = on_mid_llama_server(lambda url: run(url, args.repeats))
     print("| slots decoding | consecutive runs | step ms (each repeat) |")
     print("|---|---|---|")
     for slots, ms in res.items():

@@ -9,7 +9,8 @@ The server and model are the integration test's (tests/llm_server.py): `llama-se
 from scripts/llama_server.sh with 4 slots, `-c 4096`, one thread pinned to CPU 1, serving
 a random-weight F16 llama of 104 MB (768 wide, 8 layers); validate runs pinned to CPU 0.
 Each run uses its own --seed, so no prompt is served from the server's cache. validate
-profiles the server again before each load step (`--reprofile`); each step's figures on
+profiles the server again before each load step and after the last (`--reprofile`, the
+default) and predicts each step from the two profiles around it; each step's figures on
 the first profile are printed below them, the same load predicted two ways. Every
 run's steal and other processes' share of the CPUs is printed beside its figures: only a
 quiet run says anything about the model.

@@ -11,20 +11,24 @@ never picks them against the words' random logits: every streamed chunk is one w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from servelab.measure.llm_workload import words
 from servelab.measure.process import free_port, server_process
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,6 +169,18 @@ def mid_llama_server(binary: str, folder: Path) -> Iterator[str]:
     cpus = frozenset({1}) if len(os.sched_getaffinity(0)) > 1 else None
     with llama_server(binary, model, slots=4, ctx=4096, threads=1, cpus=cpus) as url:
         yield url
+
+
+def on_mid_llama_server(run: Callable[[str], Awaitable[T]]) -> T:
+    """A bench's `run(url)` against a fresh `mid_llama_server`, the client pinned to CPU 0;
+    exits with the fix when llama-server is not built."""
+    binary = llama_server_binary()
+    if binary is None:
+        sys.exit("llama-server is not built: run scripts/llama_server.sh (cmake, g++)")
+    with (tempfile.TemporaryDirectory(prefix="servelab-bench-") as tmp,
+          mid_llama_server(binary, Path(tmp)) as url):
+        os.sched_setaffinity(0, {0})
+        return asyncio.run(run(url))
 
 
 def validate_report(done: subprocess.CompletedProcess[str], run: int, out: Path | None,

@@ -33,37 +33,12 @@ import time
 
 import torch
 import torch.nn.functional as tnf
+from llama_steps import time_graph  # beside this file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 DT = torch.bfloat16
 HQ, HK, D = 32, 8, 128
 G = HQ // HK
-
-
-def timed(fn, reps: int, iters: int) -> float:
-    """ms per call of `fn`: `reps` calls in one CUDA graph, the median of `iters` replays."""
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(st)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) / reps)
-    del g
-    return sorted(times)[len(times) // 2]
 
 
 def kernels(b: int, ctx: int, dev: torch.device, flex_fn):
@@ -147,7 +122,8 @@ def main() -> None:
                         pass
                 t0 = time.time()
                 try:
-                    ms = timed(fn, a.reps, a.iters)
+                    times = time_graph(fn, a.iters, warmups=3, reps=a.reps)
+                    ms = times[len(times) // 2]
                 except Exception as e:  # a backend that refuses a shape
                     print(f"  {name} B={b} L={ctx}: {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120]}", flush=True)

@@ -177,9 +177,10 @@ def make_step(s: Shard, b: int, ctx: int, c: int, gqa: bool, lean: bool = False,
     return step
 
 
-def time_graph(step, iters: int, warmups: int = 2) -> list[float]:
-    """`step` run eagerly `warmups` times on a side stream, captured as one CUDA graph and
-    replayed `iters` times, each timed by CUDA events: the sorted times in ms."""
+def time_graph(step, iters: int, warmups: int = 2, reps: int = 1) -> list[float]:
+    """`step` run eagerly `warmups` times on a side stream, captured `reps` times over as one
+    CUDA graph and replayed `iters` times, each timed by CUDA events: the sorted times of
+    one `step`, in ms (a graph of several calls spreads the launch of a short kernel)."""
     st = torch.cuda.Stream()
     st.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(st):
@@ -188,7 +189,8 @@ def time_graph(step, iters: int, warmups: int = 2) -> list[float]:
     torch.cuda.current_stream().wait_stream(st)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        step()
+        for _ in range(reps):
+            step()
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
@@ -199,7 +201,7 @@ def time_graph(step, iters: int, warmups: int = 2) -> list[float]:
         g.replay()
         e1.record()
         torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1))
+        times.append(e0.elapsed_time(e1) / reps)
     del g
     return sorted(times)
 

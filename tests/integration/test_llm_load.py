@@ -212,6 +212,28 @@ def test_a_profile_the_server_serves_from_its_cache_is_refused(llama: str) -> No
                                                   other.step_ms, other.model)
 
 
+def test_validate_on_the_first_profile_alone_probes_before_each_step(llama: str) -> None:
+    """`--no-reprofile`: one profile, and before each step a decode probe against it; the
+    default profiles again around each step (the llama-server validate test below)."""
+    from servelab.llm.rules import SchedulingRule
+    from servelab.measure.llm_validate import run_validation
+
+    ep = Endpoint(llama, "/v1/completions", "m")
+    said: list[str] = []
+    report = asyncio.run(run_validation(ep, rule=SchedulingRule.LLAMA_CPP, input_len=32,
+                                        output_len=8, num_prompts=8, shares=(0.3, 0.6),
+                                        seed=5, reprofile=False, say=said.append))
+    assert len(report.rates) == 2
+    for rate in report.rates:
+        assert rate.profile is None
+        assert rate.first_profile == ()
+        assert rate.probe_drift_pct is not None
+        assert math.isfinite(rate.probe_drift_pct)
+        assert not any("just before and just after" in n for n in rate.notes)
+        assert rate.failed == 0
+    assert not any("profile again" in s for s in said)
+
+
 def test_the_slot_each_request_took_is_the_servers_own(tmp_path: Path) -> None:
     """llama.cpp's slot choice as servelab models it (llm/llama_cpp.py; validate's
     `replay_slots` from the client's times), against the server's own log of the slot it
@@ -346,8 +368,10 @@ def _llama_validate_misses(url: str, tmp_path: Path, attempt: int
         # each step's raw records kept, and the same step's figures read back from them
         kept = RunRecords.from_dict(json.loads((out / f"records-step-{k}.json").read_text()))
         assert compute(kept).completed == 30
-        # profiled again before the step (--reprofile), the first profile's figures kept
-        assert len(rate["profile"]["rows"]) == len(report["profile"]["rows"])
+        # profiled again before and after the step (--reprofile), predicted from both,
+        # the first profile's figures kept
+        assert len(rate["profile"]["rows"]) == 2 * len(report["profile"]["rows"])
+        assert any("just before and just after" in n for n in rate["notes"])
         assert {f["name"] for f in rate["first_profile"]} == {
             f["name"] for f in rate["figures"]}
     # the fitted scenario runs in llm simulate

@@ -402,10 +402,11 @@ def test_records_and_profiles_read_back_from_their_json():
 
 def test_validates_prompt_index_ranges_do_not_overlap():
     """Each kind of request validate sends (the load's, the profile's, the probes', the
-    slot touches', the profile again before each of up to 10 steps) draws its prompts
-    from its own range of indices, each seed from its own part of it: a shared index is
-    a shared first words, which llama.cpp serves from its cache (until 2026-12-04 the
-    profile again began on the slot touches' indices, then past the words' last index)."""
+    slot touches', the profile again before each of up to 10 steps and after the last)
+    draws its prompts from its own range of indices, each seed from its own part of it: a
+    shared index is a shared first words, which llama.cpp serves from its cache (until
+    2026-12-04 the profile again began on the slot touches' indices, then past the words'
+    last index)."""
     from servelab.measure import llm_validate as v
     from servelab.measure.llm_workload import _INDEX_WORDS, words
 
@@ -414,7 +415,7 @@ def test_validates_prompt_index_ranges_do_not_overlap():
                      (v.PROFILE_INDEX, v.PROFILE_INDEX + every_seed),
                      (v.PROBE_INDEX, v.PROBE_INDEX + every_seed),
                      (v.TOUCH_INDEX, v.TOUCH_INDEX + every_seed),
-                     (v.REPROFILE_INDEX, v.REPROFILE_INDEX + 10 * v.REPROFILE_SPAN)])
+                     (v.REPROFILE_INDEX, v.REPROFILE_INDEX + 11 * v.REPROFILE_SPAN)])
     for (_, end), (start, _) in itertools.pairwise(ranges):
         assert end <= start
     # the words spell indices up to about 40M (validate once stopped on 40,003,000)

@@ -226,10 +226,12 @@ def validate(
                       ] = "0.3,0.6,0.85",
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
     reprofile: Annotated[bool, typer.Option(
-        help="Profile the server again before each load step and predict that step from "
-             "it, beside the first profile's figures (where the server's speed moves for "
-             "minutes at a time); by default every step is predicted from the first "
-             "profile.")] = False,
+        "--reprofile/--no-reprofile",
+        help="Profile the server again before each load step and once after the last, "
+             "and predict each step from the profiles just before and after it, the first "
+             "profile's figures beside (a server's speed can move for minutes at a time); "
+             "--no-reprofile predicts every step from the first profile (20-30 s a step "
+             "faster against the test's llama-server).")] = True,
     out: Annotated[Path | None, typer.Option(
         help="Folder for validation.json, validation.html (opens offline), each run's raw "
              "records (records-saturation.json, records-step-K.json), steps.csv (the "

@@ -27,14 +27,17 @@ simulator's step model to it, load it, and set the prediction beside the measure
 4. **load** at shares of it (default 30%, 60%, 85%), Poisson, and the simulator on the
    same intended arrival times and the lengths the server counted; TTFT and E2EL get the
    overhead added (it is outside the steps);
-   Before each, a **probe** (one decode stream, as the profile's first decode row) says
-   how far the server's speed has moved since the profile (noted past 5%); with
-   `reprofile` (`--reprofile`) the whole profile is measured again on new prompts
-   instead, and the step is predicted from that fit, the first profile's figures kept
-   beside it (2026-12-04: it took one step's TPOT p50 from -54% to +14% where the
-   server had slowed 40% for minutes, and missed by more where it caught a moment's
-   speed; over 16 steps of 8 runs it did no better on average, so it is not the
-   default). Against
+   By default (`reprofile`) the whole profile is measured again on new prompts before
+   each step and once after the last, and each step is predicted from the two profiles
+   around it (their rows pooled and fitted again), the first profile's figures kept
+   beside (the server's speed moves for minutes at a time on shared machines: one
+   profile just before a step took one TPOT p50 from -54% to +14% where the server had
+   slowed 40%, and missed by more where it caught a moment's speed; in six bench runs
+   on the AMD VM, 2026-12-04, the two around it held TPOT p50 within 10% in 9 of 12
+   steps and met every p50 and p99 in 3 runs, the first profile in 4 of 12 and 1 run;
+   docs/llm-measure.md). With `--no-reprofile` a **probe** (one decode stream,
+   as the profile's first decode row) before each step says how far the server's speed
+   has moved since the profile (noted past 5%). Against
    llama.cpp, a short request on each slot, highest id first, then sets the server's
    least-recently-used order to a fresh server's, the order the simulator starts from
    (`touch_slots`; also before the saturation run);
@@ -91,7 +94,11 @@ from servelab.measure.llm_metrics import RunRecords, compute
 from servelab.measure.llm_workload import LlmRequest, random_requests
 
 TOLERANCE = {"p50": 10.0, "p90": 15.0, "p99": 20.0, "throughput": 5.0, "saturation": 10.0}
-PREFILL_LENGTHS = (64, 192, 448)  # within one of llama.cpp's 512-token micro-batches
+# within one of llama.cpp's 512-token micro-batches; each row is the median of
+# PREFILL_REPEATS prompts (one prompt's time moved 25% from one profile to another on
+# the AMD VM, 2026-12-04), so the prefill rows weigh in the fit as before
+PREFILL_LENGTHS = (64, 128, 192, 320, 448)
+PREFILL_REPEATS = 3
 DECODE_PROMPTS = (32, 448)  # two contexts, so KV read and sequences can be told apart
 DECODE_TOKENS = 48
 DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
@@ -101,6 +108,7 @@ PROFILE_INDEX = 10_000_000  # the profile's prompt indices
 PROBE_INDEX = 11_000_000
 TOUCH_INDEX = 12_000_000  # the slot touches' prompt indices
 REPROFILE_INDEX = 13_000_000  # the profile again before load step k: k * REPROFILE_SPAN on
+# (and after the last step: len(shares) * REPROFILE_SPAN on)
 SEED_SPREAD = 997  # seeds apart by other than a multiple of this share no index words
 SEED_STRIDE = 1_000  # prompt indices a seed's profile (or its probes) may use
 REPROFILE_SPAN = SEED_SPREAD * SEED_STRIDE  # every seed's profile before one load step
@@ -179,6 +187,19 @@ class Profile:
                    tuple(float(x) for x in kv), tuple(float(x) for x in ms), overhead_ms,
                    model, server_timed, tuple(int(x) for x in passes),
                    tuple(int(x) for x in multi))
+
+    @classmethod
+    def pooled(cls, *profiles: Profile) -> Profile:
+        """One profile of every row of `profiles`, fitted again: `--reprofile` predicts a
+        load step from the profiles measured just before and just after it."""
+        cols = [p.pass_columns() for p in profiles]
+        return cls.fitted([x for p in profiles for x in p.prefill_tokens],
+                          [x for p in profiles for x in p.decode_seqs],
+                          [x for p in profiles for x in p.kv_tokens_read],
+                          [x for p in profiles for x in p.step_ms],
+                          [x for c in cols for x in c[0]], [x for c in cols for x in c[1]],
+                          float(np.mean([p.overhead_ms for p in profiles])),
+                          all(p.server_timed for p in profiles))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
@@ -457,9 +478,11 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     # spelling the index come first) with another seed's profile
     index = seeded_index(base, seed)
     for length in PREFILL_LENGTHS:
-        reqs = random_requests(2, input_len=length, output_len=2, tokens_per_word=tpw,
-                               seed=seed, first_index=index)
-        index += 2
+        reqs = random_requests(PREFILL_REPEATS, input_len=length, output_len=2,
+                               tokens_per_word=tpw, seed=seed, first_index=index)
+        index += PREFILL_REPEATS
+        times: list[float] = []
+        tokens: list[int] = []
         for r in pinned(reqs, 0, pin):  # one at a time
             before = await read_metrics(session, ep.base)
             rec = await _at_once(session, ep, [r], "a prefill")
@@ -471,8 +494,10 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
                 server_ms = engine_prefill_ms(counter_diff(before, after))
             step_ms = server_ms if server_ms > 0 else ttft_ms
             timed &= server_ms > 0
-            add([Seq(0, int(rec.prompt_tokens[0]), 0, False, True)], step_ms)
+            times.append(step_ms)
+            tokens.append(int(rec.prompt_tokens[0]))
             overheads.append(ttft_ms - step_ms)
+        add([Seq(0, int(np.median(tokens)), 0, False, True)], float(np.median(times)))
     say(f"profile: prefill at {', '.join(map(str, PREFILL_LENGTHS))} tokens")
     # each count a small server's load runs (under load three streams' steps have run
     # slower than four's, 2026-12-04), then all slots
@@ -858,7 +883,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                          n_batch: int | None = None, input_len: int = 256,
                          output_len: int = 64, num_prompts: int = 60,
                          shares: tuple[float, ...] = (0.3, 0.6, 0.85), seed: int = 0,
-                         reprofile: bool = False,
+                         reprofile: bool = True,
                          say: Callable[[str], None] = lambda s: None) -> LlmValidationReport:
     """Profile, fit, saturate, load and compare (see the module docstring)."""
     if not shares or len(shares) > 10 or not all(0 < s <= 2 for s in shares):
@@ -906,28 +931,53 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         saturation = Compared("saturation (req/s)", sat_pred, sat_measured,
                               TOLERANCE["saturation"])
         say(f"saturation: {sat_measured:.2f} req/s measured, {sat_pred:.2f} predicted")
-        rates = []
         profiled = profile.step_ms[profile.decode_seqs.index(1)]  # c = 1 after 32 tokens
+
+        async def again(k: int) -> Profile:
+            return await profile_server(session, ep, limits, tpw, lambda s: None, seed,
+                                        REPROFILE_INDEX + k * REPROFILE_SPAN)
+
+        def one_decode_ms(p: Profile) -> float:
+            return p.step_ms[p.decode_seqs.index(1)]
+
+        # measure every step first; --reprofile: the profile again before each step and
+        # once after the last, each step then predicted from the two around it
+        done = []
         for k, share in enumerate(shares):
             rate = share * sat_measured
             if reprofile:
-                now = await profile_server(session, ep, limits, tpw, lambda s: None, seed,
-                                           REPROFILE_INDEX + k * REPROFILE_SPAN)
-                probed = now.step_ms[now.decode_seqs.index(1)]
+                before_k = await again(k)
+                probed = one_decode_ms(before_k)
                 say(f"profile again before {share:.0%}: a decode step "
                     f"{(probed - profiled) / profiled * 100:+.0f}% against the first")
             else:
-                now = profile
+                before_k = profile
                 probed = await probe_decode_ms(session, ep, tpw,
                                                seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
-            drift = (probed - profiled) / profiled * 100
             await touch()
             before = await read_metrics(session, ep.base)
             rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),
                                  seed=seed + k + 1, timeout_s=600, ignore_eos=True)
             after = await read_metrics(session, ep.base)
             kept.append(rec)
-            counters = counter_diff(before, after)
+            done.append((share, rate, rec, counter_diff(before, after), before_k,
+                         (probed - profiled) / profiled * 100))
+            say(f"{share:.0%} of saturation ({rate:.2f}/s): {int(rec.ok.sum())} served")
+        if reprofile:
+            last = await again(len(shares))
+            say(f"profile again after the last step: a decode step "
+                f"{(one_decode_ms(last) - profiled) / profiled * 100:+.0f}% against the first")
+        rates = []
+        for k, (share, rate, rec, counters, before_k, drift) in enumerate(done):
+            now = profile
+            bracket: tuple[str, ...] = ()
+            if reprofile:
+                after_k = done[k + 1][4] if k + 1 < len(done) else last
+                now = Profile.pooled(before_k, after_k)
+                a, b = one_decode_ms(before_k), one_decode_ms(after_k)
+                bracket = (f"profiled again just before and just after this step, the "
+                           f"prediction from both: a decode step {a:.2f} ms before, "
+                           f"{b:.2f} after ({(b - a) / a * 100:+.0f}%)",)
             sim = simulate_same(rec, limits, now)
             metrics = compute(rec)
             figures = _figures(rec, sim, now.overhead_ms)
@@ -938,8 +988,8 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             own_p50 = float(np.median(own)) if own.size else None
             seen = steps_seen(rec, limits)
             given = given_run_steps(rec, seen, limits, now)
-            notes = (_diagnose(figures, sim.steps, steps_measured, metrics.send_late_p99_ms,
-                               drift, own_p50, reprofile)
+            notes = (bracket + _diagnose(figures, sim.steps, steps_measured,
+                                         metrics.send_late_p99_ms, drift, own_p50, reprofile)
                      + first_profile_note(on_first, figures) + step_notes(seen, now.model)
                      + given_note(seen.shape[0], given, figures) + cache_note(rec))
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
@@ -959,8 +1009,8 @@ def _diagnose(figures: tuple[Compared, ...], steps_pred: int, steps_meas: float 
               ) -> tuple[str, ...]:
     notes = []
     if abs(drift_pct) > DRIFT_NOTE_PCT:
-        uses = ("the profile measured again just before it" if reprofiled
-                else "the first profile; --reprofile measures it again before each step")
+        uses = ("the profiles measured again just before and after it" if reprofiled
+                else "the first profile, as --no-reprofile asks")
         notes.append(f"server speed: a decode step took {drift_pct:+.0f}% against the first "
                      f"profile just before this step (the machine's speed moved; the "
                      f"prediction uses {uses})")
