@@ -32,9 +32,9 @@ simulator's step model to it, load it, and set the prediction beside the measure
    around it (their rows pooled and fitted again), the first profile's figures kept
    beside (the server's speed moves for minutes at a time on shared machines: one
    profile just before a step took one TPOT p50 from -54% to +14% where the server had
-   slowed 40%, and missed by more where it caught a moment's speed; in six bench runs
-   on the AMD VM, 2026-12-04, the two around it held TPOT p50 within 10% in 9 of 12
-   steps and met every p50 and p99 in 3 runs, the first profile in 4 of 12 and 1 run;
+   slowed 40%, and missed by more where it caught a moment's speed; in nine bench runs
+   on the AMD VM, 2026-12-04, the two around it held TPOT p50 within 10% in 14 of 18
+   steps and met every p50 and p99 in 4 runs, the first profile in 7 of 18 and 2 runs;
    docs/llm-measure.md). With `--no-reprofile` a **probe** (one decode stream,
    as the profile's first decode row) before each step says how far the server's speed
    has moved since the profile (noted past 5%). Against
