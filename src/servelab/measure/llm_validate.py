@@ -213,6 +213,11 @@ class Profile:
                           col("step_ms"), col("passes"), col("multi_token_passes"),
                           float(d["overhead_ms"]), bool(d["server_timed"]))
 
+    @property
+    def one_decode_ms(self) -> float:
+        """The step of one decode stream after a short prompt (the first decode row)."""
+        return self.step_ms[self.decode_seqs.index(1)]
+
     def pass_columns(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """passes and multi_passes, one pass a row where the profile did not say."""
         if self.passes:
@@ -931,27 +936,24 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         saturation = Compared("saturation (req/s)", sat_pred, sat_measured,
                               TOLERANCE["saturation"])
         say(f"saturation: {sat_measured:.2f} req/s measured, {sat_pred:.2f} predicted")
-        profiled = profile.step_ms[profile.decode_seqs.index(1)]  # c = 1 after 32 tokens
+        profiled = profile.one_decode_ms
 
         async def again(k: int) -> Profile:
             return await profile_server(session, ep, limits, tpw, lambda s: None, seed,
                                         REPROFILE_INDEX + k * REPROFILE_SPAN)
 
-        def one_decode_ms(p: Profile) -> float:
-            return p.step_ms[p.decode_seqs.index(1)]
-
         # measure every step first; --reprofile: the profile again before each step and
-        # once after the last, each step then predicted from the two around it
+        # once after the last (around[k] and around[k + 1] are step k's two)
         done = []
+        around: list[Profile] = []
         for k, share in enumerate(shares):
             rate = share * sat_measured
             if reprofile:
-                before_k = await again(k)
-                probed = one_decode_ms(before_k)
+                around.append(await again(k))
+                probed = around[-1].one_decode_ms
                 say(f"profile again before {share:.0%}: a decode step "
                     f"{(probed - profiled) / profiled * 100:+.0f}% against the first")
             else:
-                before_k = profile
                 probed = await probe_decode_ms(session, ep, tpw,
                                                seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
             await touch()
@@ -960,21 +962,21 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                                  seed=seed + k + 1, timeout_s=600, ignore_eos=True)
             after = await read_metrics(session, ep.base)
             kept.append(rec)
-            done.append((share, rate, rec, counter_diff(before, after), before_k,
+            done.append((share, rate, rec, counter_diff(before, after),
                          (probed - profiled) / profiled * 100))
             say(f"{share:.0%} of saturation ({rate:.2f}/s): {int(rec.ok.sum())} served")
         if reprofile:
-            last = await again(len(shares))
+            around.append(await again(len(shares)))
             say(f"profile again after the last step: a decode step "
-                f"{(one_decode_ms(last) - profiled) / profiled * 100:+.0f}% against the first")
+                f"{(around[-1].one_decode_ms - profiled) / profiled * 100:+.0f}% against "
+                "the first")
         rates = []
-        for k, (share, rate, rec, counters, before_k, drift) in enumerate(done):
+        for k, (share, rate, rec, counters, drift) in enumerate(done):
             now = profile
             bracket: tuple[str, ...] = ()
             if reprofile:
-                after_k = done[k + 1][4] if k + 1 < len(done) else last
-                now = Profile.pooled(before_k, after_k)
-                a, b = one_decode_ms(before_k), one_decode_ms(after_k)
+                now = Profile.pooled(around[k], around[k + 1])
+                a, b = around[k].one_decode_ms, around[k + 1].one_decode_ms
                 bracket = (f"profiled again just before and just after this step, the "
                            f"prediction from both: a decode step {a:.2f} ms before, "
                            f"{b:.2f} after ({(b - a) / a * 100:+.0f}%)",)
