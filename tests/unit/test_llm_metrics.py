@@ -458,6 +458,11 @@ def test_a_mixed_step_is_taken_only_where_the_prompt_joined_the_stream():
     hiccup = np.cumsum(np.r_[np.full(30, 3.5 * ms), 10.6 * ms, np.full(5, 3.5 * ms)])
     assert joined_gap(hiccup, int(hiccup[-1]) + 40 * ms) is None
     assert joined_gap(joined, int(joined[12]) + 40 * ms) is None  # ran apart from it
+    # the joined step, then a longer stall after the prompt's request ended (the client's
+    # own, 55-64 ms, before 2026-12-04): the step is the one the first token ends
+    stalled = np.cumsum(np.r_[np.full(12, 3.5 * ms), 48 * ms, 7 * ms, 64 * ms,
+                              np.full(10, 0.05 * ms), np.full(10, 3.5 * ms)])
+    assert joined_gap(stalled, int(stalled[12]) + int(4.7 * ms)) == 11
 
 
 # A profile measured on the AMD VM, 2026-12-04 (bench run, the profile after a step):
@@ -556,3 +561,33 @@ def test_streams_ending_in_one_step_free_their_slots_in_slot_order() -> None:
                      {"intended": 5 * MS, "done": 25 * MS, "chunks": [20 * MS]},
                      {"intended": 30 * MS, "done": 40 * MS, "chunks": [35 * MS]}])
     assert replay_slots(apart, 2).tolist() == [1, 0, 0, 1, 1]
+
+
+def test_a_run_inside_another_leaves_the_collection_to_the_outer():
+    """A load run pauses garbage collection and collects on its way out; a run inside
+    another (validate's mixed rows send a prompt while streams run) once collected on
+    its way out and stalled the outer run's streams 55-64 ms, which the profile read as a
+    64-token prompt's step. Only the outermost run collects, once, after its end."""
+    import gc
+
+    from servelab.measure.loadgen import paused_gc
+
+    collections: list[str] = []
+
+    def seen(phase: str, info: dict) -> None:  # type: ignore[type-arg]
+        if phase == "start":
+            collections.append(phase)
+
+    gc.callbacks.append(seen)
+    try:
+        assert gc.isenabled()
+        with paused_gc():
+            with paused_gc():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+            assert collections == []  # the inner run's end: no collection
+        assert collections == ["start"]
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(seen)
+        gc.enable()

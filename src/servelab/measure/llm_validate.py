@@ -133,6 +133,9 @@ MIXED_DELAY_S = 0.6
 # a mixed step's gap is at least this many of the stream's median gaps (a 64-token
 # prompt's prefill takes about 90 ms on the test's llama-server, a decode step 5)
 MIXED_MIN_RATIO = 2.0
+# the mixed step ends within this many decode steps of the joining prompt's first token
+# on the client (its first chunk came 0.1-4.7 ms after the stream's, 2026-12-04)
+JOIN_STEPS = 2.0
 # a fit that misses a row of its own profile by more than this is noted (quiet runs on
 # the AMD VM, 2026-12-04: 33-36% at worst, the mixed rows of 65-token prompts)
 FIT_NOTE_PCT = 50.0
@@ -636,7 +639,9 @@ async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: 
     await asyncio.sleep(MIXED_DELAY_S)
     joined = await _at_once(session, ep, pinned(joiner, c, pin), "a mixed-step")
     rec = await running
-    k = joined_gap(np.asarray(rec.chunk_ns[0]), int(joined.chunk_ns[0][0]))
+    # the prompt's first token on the stream's clock (each run counts from its own start)
+    k = joined_gap(np.asarray(rec.chunk_ns[0]),
+                   int(joined.chunk_ns[0][0]) + joined.t0_ns - rec.t0_ns)
     if k is None:
         return None
     context = float(np.mean(rec.prompt_tokens)) + k + 1
@@ -645,21 +650,24 @@ async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: 
 
 
 def joined_gap(chunk_ns: np.ndarray, first_ns: int) -> int | None:
-    """Which of a decode stream's gaps holds the step a joining prompt ran in (the
-    longest), or None where no gap stands out from the stream's own steps by
-    MIXED_MIN_RATIO, or the prompt's first token (at `first_ns`, the same clock) did not
-    come within half a step of that gap's end: the prompt did not join it. (A stream
-    that ended before the prompt came once gave a "mixed step" of 10.6 ms for a
-    193-token prompt, a lone hiccup, and that one row pulled the relative fit of every
-    prefill 80-90% short, the AMD VM, 2026-12-04.)"""
+    """Which of a decode stream's gaps holds the step a joining prompt ran in: of the
+    gaps that end within JOIN_STEPS of the stream's steps (at least 2 ms) of the prompt's
+    first token (at `first_ns`, on the stream's clock), the longest; None where none
+    stands out from the stream's own steps by MIXED_MIN_RATIO (the stream ended before
+    the prompt came, or the server ran the prompt apart from it). The longest gap of
+    the whole stream is not it: a 55-64 ms stall of the client (fixed since) was taken
+    for a 64-token prompt's step, and a stream that ended before the prompt came gave a
+    10.6 ms "mixed step" for a 193-token prompt that pulled the relative fit of every
+    prefill 80-90% short (the AMD VM, 2026-12-04)."""
     gaps = np.diff(chunk_ns)
     if gaps.size < 3:
         return None
-    k = int(np.argmax(gaps))
     typical = float(np.median(gaps))
-    if gaps[k] < MIXED_MIN_RATIO * typical:
+    near = np.abs(chunk_ns[1:] - first_ns) <= max(JOIN_STEPS * typical, 2e6)
+    if not near.any():
         return None
-    return k if abs(int(chunk_ns[k + 1]) - first_ns) <= max(typical / 2, 1e6) else None
+    k = int(np.flatnonzero(near)[np.argmax(gaps[near])])
+    return k if gaps[k] >= MIXED_MIN_RATIO * typical else None
 
 
 async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmRequest],

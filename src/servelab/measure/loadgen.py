@@ -97,7 +97,11 @@ class LoadResult:
 def paused_gc() -> Iterator[None]:
     """No garbage collection during a run (its allocations are bounded by the request
     count): a full collection over thousands of pending tasks stalls the client for
-    tens of milliseconds, which would be charged to the server. Collected afterwards."""
+    tens of milliseconds, which would be charged to the server. Collected afterwards,
+    by the outermost run only: a run inside another (`llm validate`'s mixed rows send a
+    prompt while streams run) that collected on its way out stalled the other's streams
+    55-64 ms, and the profile read that stall as a 64-token prompt's step (until
+    2026-12-04)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -105,7 +109,7 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-        gc.collect()
+            gc.collect()
 
 
 def poisson_offsets(rate: float, n: int, seed: int = 0) -> np.ndarray:
