@@ -591,3 +591,54 @@ def test_a_run_inside_another_leaves_the_collection_to_the_outer():
     finally:
         gc.callbacks.remove(seen)
         gc.enable()
+
+
+def test_a_p50_in_a_gap_of_its_distribution_is_noted_with_the_per_request_error():
+    """At 30% load about half the requests decode alone and half share steps with
+    another's prompt: the TPOT p50 sits between the groups, and one request more in
+    either moves it past the bar whatever the model. The note says so and gives the
+    prediction request by request; a p50 inside one group is no edge."""
+    from servelab.measure.llm_validate import edge_note
+
+    rng = np.random.default_rng(1)
+    alone = rng.normal(4.0, 0.2, 60)
+    shared = rng.normal(6.8, 0.4, 60)
+    measured = np.r_[alone, shared]
+    predicted = measured * rng.normal(1.0, 0.03, 120)  # each request within a few %
+    note = edge_note("TPOT", measured, predicted)
+    assert note is not None
+    assert note.startswith("TPOT p50 sits in a gap")
+    each = float(note.split("within ")[1].split("%")[0])
+    assert 0 < each <= 4
+    assert edge_note("TPOT", np.r_[alone, alone, shared[:20]], np.r_[alone, alone,
+                                                                     shared[:20]]) is None
+    assert edge_note("TTFT", np.full(5, 90.0), np.full(5, 80.0)) is None  # too few to say
+    nan = np.r_[np.full(100, math.nan), measured[:8]]  # requests with no figure are left out
+    assert edge_note("TTFT", nan, nan) is None
+
+
+def test_the_servers_speed_moving_within_a_step_is_noted():
+    """Lone streams (one token a step, nothing else in the step) track the machine's
+    speed through a load step; where their 5-second medians differ by more than 15%
+    the report says the machine moved during the load. A stream that shares its steps
+    with another's is no lone step."""
+    from servelab.measure.llm_validate import lone_steps, speed_note
+
+    def stream(start_ms: float, step_ms: float, n: int = 60) -> dict[str, object]:
+        chunks = [int((start_ms + 90 + k * step_ms) * MS) for k in range(n)]
+        return {"intended": int(start_ms * MS), "done": chunks[-1] + MS, "chunks": chunks}
+
+    # a lone stream every 2 s for 30 s: 3.5 ms steps, then 4.9 ms from 15 s on
+    slow = records([stream(t * 1000.0, 3.5 if t < 15 else 4.9) for t in range(0, 30, 2)])
+    rows = lone_steps(slow)
+    assert rows.shape == (15 * 59, 2)
+    assert set(np.round(rows[:, 1], 3)) == {3.5, 4.9}
+    (note,) = speed_note(slow)
+    assert "3.50-4.90 ms" in note
+    assert "+40%" in note
+    steady = records([stream(t * 1000.0, 3.5 + 0.1 * (t % 3)) for t in range(0, 30, 2)])
+    assert speed_note(steady) == ()
+    # two streams in the same steps: no lone step, nothing to say
+    both = records([stream(0.0, 3.5), stream(0.0, 3.5)])
+    assert lone_steps(both).shape == (0, 2)
+    assert speed_note(both) == ()

@@ -195,6 +195,21 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     return ps
 
 
+def request_times(rec: RunRecords) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each completed request's TTFT (NaN where no token came), E2EL and TPOT (0 where
+    it had one output token or none), in s, in the records' order."""
+    idx = np.flatnonzero(rec.ok)
+    ttft = np.array([(rec.chunk_ns[i][0] - rec.intended_ns[i]) / 1e9
+                     if rec.chunk_ns[i].size else math.nan for i in idx])
+    e2el = (rec.done_ns[idx] - rec.intended_ns[idx]) / 1e9
+    out_tok = rec.output_tokens[idx]
+    ttft_or_e2el = np.where(np.isnan(ttft), e2el, ttft)  # a zero-token answer: no first token
+    many = out_tok > 1
+    tpot = np.zeros(idx.size)
+    tpot[many] = (e2el[many] - ttft_or_e2el[many]) / (out_tok[many] - 1)
+    return ttft, e2el, tpot
+
+
 def compute(rec: RunRecords, *, percentiles: tuple[float, ...] = (90.0, 99.0),
             goodput_ms: dict[str, float] | None = None) -> ServeMetrics:
     """The run's figures from its raw records (pure: same records, same figures)."""
@@ -202,14 +217,10 @@ def compute(rec: RunRecords, *, percentiles: tuple[float, ...] = (90.0, 99.0),
     idx = np.flatnonzero(ok)
     n_ok = int(idx.size)
     duration_s = (float(rec.done_ns.max()) / 1e9) if rec.done_ns.size else 0.0
-    ttft = np.array([(rec.chunk_ns[i][0] - rec.intended_ns[i]) / 1e9
-                     if rec.chunk_ns[i].size else math.nan for i in idx])
-    e2el = (rec.done_ns[idx] - rec.intended_ns[idx]) / 1e9
+    ttft, e2el, tpot_all = request_times(rec)
     out_tok = rec.output_tokens[idx]
-    ttft_or_e2el = np.where(np.isnan(ttft), e2el, ttft)  # a zero-token answer: no first token
+    ttft_or_e2el = np.where(np.isnan(ttft), e2el, ttft)
     many = out_tok > 1
-    tpot_all = np.zeros(n_ok)
-    tpot_all[many] = (e2el[many] - ttft_or_e2el[many]) / (out_tok[many] - 1)
     itl = (np.concatenate([np.diff(rec.chunk_ns[i]) for i in idx]) / 1e9 if n_ok
            else np.zeros(0))
     good: float | None = None
