@@ -820,13 +820,7 @@ def steps_seen(rec: RunRecords, limits: ServerLimits | None = None) -> np.ndarra
         return np.zeros((0, 6))
     slot = (replay_slots(rec, limits.slots) if limits is not None
             else np.zeros(rec.ok.size, np.int64))
-    ev = sorted((int(t), int(i), k) for i in ok for k, t in enumerate(rec.chunk_ns[i]))
-    groups: list[list[tuple[int, int, int]]] = []
-    for e in ev:
-        if groups and e[0] - groups[-1][-1][0] < STEP_GROUP_NS:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
+    groups = step_groups(rec, ok)
     rows = []
     for before, step in itertools.pairwise(groups):
         prev = {(i, k) for _, i, k in before}
@@ -974,12 +968,9 @@ SPEED_WINDOW_STEPS = 20  # a window with fewer lone steps is left out
 SPEED_NOTE_PCT = 15.0  # the windows' medians this far apart are noted
 
 
-def lone_steps(rec: RunRecords) -> np.ndarray:
-    """The steps in which one stream alone made one token, right after its previous one
-    (nothing else in either step): rows of (s from the start, ms). A step of one decode
-    is the server's speed with nothing else in it, so these track the machine's speed
-    through a load step."""
-    ok = np.flatnonzero(rec.ok)
+def step_groups(rec: RunRecords, ok: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """The requests `ok`'s chunks as (ns, request, token index), in time order, grouped
+    into the server's steps: chunks within STEP_GROUP_NS of each other came out of one."""
     ev = sorted((int(t), int(i), k) for i in ok for k, t in enumerate(rec.chunk_ns[i]))
     groups: list[list[tuple[int, int, int]]] = []
     for e in ev:
@@ -987,6 +978,16 @@ def lone_steps(rec: RunRecords) -> np.ndarray:
             groups[-1].append(e)
         else:
             groups.append([e])
+    return groups
+
+
+def lone_steps(rec: RunRecords) -> np.ndarray:
+    """The steps in which one stream alone made one token, right after its previous one
+    (nothing else in either step): rows of (s from the start, ms). A step of one decode
+    is the server's speed with nothing else in it, so these track the machine's speed
+    through a load step."""
+    ok = np.flatnonzero(rec.ok)
+    groups = step_groups(rec, ok)
     rows = [(step[0][0] / 1e9, (step[0][0] - before[0][0]) / 1e6)
             for before, step in itertools.pairwise(groups)
             if len(before) == len(step) == 1 and step[0][1] == before[0][1]
