@@ -45,10 +45,11 @@ from tests.llm_server import (  # noqa: E402
 )
 from tests.services import QUIET_OTHERS, QUIET_STEAL, HostUse  # noqa: E402
 
+from servelab.measure.llm_validate import EDGE_NOTE, SPEED_NOTE  # noqa: E402
+
 SHARES = (0.3, 0.6)
 BAR = {"p50": 10.0, "p99": 20.0, "saturation": 10.0}  # issue 30, % error
 FIGURES = ("TTFT p50 (ms)", "TPOT p50 (ms)", "TTFT p99 (ms)", "TPOT p99 (ms)")
-SPEED_NOTE = "server speed within this step"  # validate's note (llm_validate.speed_note)
 
 
 def misses(report: dict) -> list[str]:  # type: ignore[type-arg]
@@ -124,7 +125,7 @@ def show(run: int, report: dict, steal: float, others: float,  # type: ignore[ty
             print(f"    on the first profile (decode step {r['probe_drift_pct']:+.0f}% since "
                   "then): " + ", ".join(first))
         for n in r["notes"]:
-            if n.startswith(SPEED_NOTE) or " p50 sits in a gap" in n:
+            if n.startswith(SPEED_NOTE) or EDGE_NOTE in n:
                 print(f"    {n}")
     print(f"  misses: {', '.join(missed) or 'none'}")
 

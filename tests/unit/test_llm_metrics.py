@@ -437,10 +437,10 @@ def test_a_decode_row_is_a_typical_run_not_the_best():
 
 
 def test_a_mixed_step_is_taken_only_where_the_prompt_joined_the_stream():
-    """The profile's mixed row is the stream's longest gap only where that gap stands out
-    from its decode steps: a stream that ended before the prompt came (all gaps alike)
-    gives no row, where it once gave a 5 ms "mixed step" that pulled the whole fit to 0
-    (CI, 2026-12-04)."""
+    """The profile's mixed row is the stream's gap that the joining prompt's first token
+    ends, and only where that gap stands out from its decode steps: a stream that ended
+    before the prompt came (all gaps alike) gives no row, where it once gave a 5 ms
+    "mixed step" that pulled the whole fit to 0 (CI, 2026-12-04)."""
     from servelab.measure.llm_validate import joined_gap
 
     ms = 1_000_000

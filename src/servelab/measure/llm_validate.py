@@ -12,8 +12,9 @@ simulator's step model to it, load it, and set the prediction beside the measure
    - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
      mean gap between chunks in the middle of their streams (the median of three runs)
      is a step of c decodes reading their KV;
-   - mixed: a prompt joining running decodes, the longest gap in a running stream (the
-     steps a load makes; prefill alone put their fixed cost 12-20 ms short);
+   - mixed: a prompt joining running decodes, the gap in a running stream that the
+     prompt's first token ends (the steps a load makes; prefill alone put their fixed
+     cost 12-20 ms short);
    - llama.cpp: every profile request pinned to a slot (`id_slot`: prefills on 0, c
      decodes on 0 .. c-1, a joining prompt on c), so each row knows the ubatches (passes
      over the model) the server cut its step into (llm/llama_cpp.py);
@@ -617,7 +618,7 @@ def mixed_stream_tokens(step_ms: float, prefill_ms: float, room: int) -> int:
     need = MIXED_TOKENS
     if math.isfinite(step_ms) and step_ms > 0 and math.isfinite(prefill_ms):
         span_ms = MIXED_DELAY_S * 1e3 + max(prefill_ms, 0.0)
-        need = max(need, math.ceil(min(MIXED_MARGIN * span_ms / step_ms, MIXED_TOKENS_MAX)))
+        need = max(need, math.ceil(MIXED_MARGIN * span_ms / step_ms))
     return max(1, min(MIXED_TOKENS_MAX, room, need))
 
 
@@ -626,10 +627,8 @@ async def _mixed_step(session: aiohttp.ClientSession, ep: Endpoint, prompt_len: 
                       tokens: int = MIXED_TOKENS) -> tuple[int, float, float] | None:
     """c decode streams of `tokens` running, then a prompt joins them (`pin`: the
     streams on slots 0 .. c-1, the prompt on slot c): the step that holds both is the
-    longest gap in the first stream, the one its first token ends. (prefill tokens, each
-    stream's context then, its ms); None where no gap stands out from a decode's, or the
-    prompt's first token did not end it (the stream ended before the prompt came, or the
-    server ran the prompt apart from it): no mixed step was seen."""
+    first stream's gap that the prompt's first token ends (`joined_gap`). (prefill
+    tokens, each stream's context then, its ms); None where no mixed step was seen."""
     streams = random_requests(c, input_len=DECODE_PROMPT_MIXED, output_len=tokens,
                               tokens_per_word=tpw, seed=seed, first_index=index)
     joiner = random_requests(1, input_len=prompt_len, output_len=2, tokens_per_word=tpw,
@@ -966,6 +965,8 @@ EDGE_RANKS = 2  # requests either side of a median, for median_edge_notes
 SPEED_WINDOW_S = 5.0  # speed_note: a lone stream's steps in windows of this many seconds
 SPEED_WINDOW_STEPS = 20  # a window with fewer lone steps is left out
 SPEED_NOTE_PCT = 15.0  # the windows' medians this far apart are noted
+SPEED_NOTE = "server speed within this step"  # speed_note's first words
+EDGE_NOTE = "p50 sits in a gap of its distribution"  # edge_note's, after the figure
 
 
 def step_groups(rec: RunRecords, ok: np.ndarray) -> list[list[tuple[int, int, int]]]:
@@ -1009,7 +1010,7 @@ def speed_note(rec: RunRecords) -> tuple[str, ...]:
             if (window == w).sum() >= SPEED_WINDOW_STEPS]
     if len(meds) < 2 or max(meds) <= (1 + SPEED_NOTE_PCT / 100) * min(meds):
         return ()
-    return (f"server speed within this step: a lone stream's step ran {min(meds):.2f}-"
+    return (f"{SPEED_NOTE}: a lone stream's step ran {min(meds):.2f}-"
             f"{max(meds):.2f} ms from one {SPEED_WINDOW_S:.0f} s to another "
             f"({(max(meds) / min(meds) - 1) * 100:+.0f}%): the machine's speed moved "
             "during the load, which no profile before or after it can foresee",)
@@ -1048,7 +1049,7 @@ def edge_note(name: str, measured_ms: np.ndarray, predicted_ms: np.ndarray) -> s
     if hi - lo <= TOLERANCE["p50"] / 100 * med:
         return None
     each = float(np.median(np.abs(p / m - 1))) * 100
-    return (f"{name} p50 sits in a gap of its distribution: {EDGE_RANKS} requests either "
+    return (f"{name} {EDGE_NOTE}: {EDGE_RANKS} requests either "
             f"side of the median span {lo:.1f}-{hi:.1f} ms ({(lo / med - 1) * 100:+.0f}% to "
             f"{(hi / med - 1) * 100:+.0f}% of it), so a request more or fewer in either group "
             "moves it past the bar whatever the model; request by request the prediction "
