@@ -161,12 +161,13 @@ MID = TinyLlama(n_embd=768, n_layer=8, n_head=12, n_head_kv=4, n_ff=2048, f16=Tr
 
 
 @contextlib.contextmanager
-def mid_llama_server(binary: str, folder: Path, extra: tuple[str, ...] = ()
-                     ) -> Iterator[str]:
-    """The validate test's and benches' server: MID written into `folder`, 4 slots of
-    1,024 tokens, one thread on CPU 1 (where there is more than one CPU), so the client
-    keeps CPU 0 to itself, and any `extra` flags; yields the base URL."""
-    model = write_gguf(folder / "mid.gguf", MID)
+def mid_llama_server(binary: str, folder: Path, extra: tuple[str, ...] = (),
+                     shape: TinyLlama = MID) -> Iterator[str]:
+    """The validate test's and benches' server: MID (or another `shape`) written into
+    `folder`, 4 slots of 1,024 tokens, one thread on CPU 1 (where there is more than one
+    CPU), so the client keeps CPU 0 to itself, and any `extra` flags; yields the base
+    URL."""
+    model = write_gguf(folder / "mid.gguf", shape)
     cpus = frozenset({1}) if len(os.sched_getaffinity(0)) > 1 else None
     with llama_server(binary, model, slots=4, ctx=4096, threads=1, cpus=cpus,
                       extra=extra) as url:

@@ -707,6 +707,10 @@ class LlmPool:
         None, _opt(_str), "A measured step profile instead of the roofline: a CSV of "
         "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).",
         unit="path", flags=("--step-profile",))
+    after_prefill_ms: tuple[float, ...] = spec(
+        (), _samples(0, 60_000, "ms"), "With step_profile_csv and the "
+        "llama.cpp scheduler: ms more on the 1st, 2nd, ... step of decodes alone after a "
+        "step with prompt tokens (as `llm validate` measured them).", unit="ms")
     num_gpu_blocks_override: int | None = spec(
         None, _opt(_int(1, 100_000_000)), "KV blocks per replica as given, not sized from "
         "memory (vLLM's flag; [llm] num_gpu_blocks_override).", unit="blocks",

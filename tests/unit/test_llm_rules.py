@@ -64,6 +64,32 @@ def test_a_decode_and_a_prompt_on_slots_out_of_order_are_two_passes() -> None:
     assert r.steps == 4
 
 
+def test_the_decode_steps_after_a_prompt_cost_what_the_profile_measured() -> None:
+    """`after_prefill_ms`: the 1st, 2nd, ... step of decodes alone after a step with
+    prompt tokens costs that much more; a step with prompt tokens starts the count again,
+    and the steps past the list cost nothing more."""
+    from dataclasses import replace
+
+    slow = replace(STEP, after_prefill_ms=(2.0, 0.5))
+    req = Requests(np.array([0.0, 0.0045]), np.array([10, 10]), np.array([5, 3]),
+                   np.zeros(2, bool))
+    r = simulate(req, llama_cpp(2, 4096), slow)
+    # r0 (slot 1): prompt 1.1 ms; its decodes alone: 1 + 2 -> 4.1, 1 + 0.5 -> 5.6.
+    # r1 arrives at 4.5 and takes slot 0; at 5.6 the batch is r0's decode (slot 1) then
+    # r1's prompt (slot 0): two passes, 1 + 1.1 -> 7.7, r1's first token.
+    # Decodes alone again, the count started over: r0 and r1 (slots 0, 1: one pass)
+    # 1 + 2 -> 10.7, r0's fifth token; r1's third 1 + 0.5 -> 12.2
+    assert r.e2e_s * 1e3 == pytest.approx([10.7, 12.2 - 4.5])
+    assert r.ttft_s * 1e3 == pytest.approx([1.1, 7.7 - 4.5])
+    # without the term r0 is done (1.1, then 4 ms of decodes) before r1 comes, and r1
+    # runs alone on slot 0: 5.1 + 1.1 -> 6.2, then 7.2, 8.2
+    plain = simulate(req, llama_cpp(2, 4096), STEP)
+    assert plain.e2e_s * 1e3 == pytest.approx([5.1, 8.2 - 4.5])
+    # vLLM's rule has no such term: the same model gives the same result as without it
+    v = vllm_v1(1024, 16, 2, 2048)
+    assert simulate(req, v, slow).e2e_s.tolist() == simulate(req, v, STEP).e2e_s.tolist()
+
+
 def test_decodes_on_slots_with_a_gap_pay_a_pass_each_run() -> None:
     # four slots; r0, r1, r2 at 0 take slots 3, 2, 1; prompts of 10 tokens.
     # step 1: prompts on 1, 2, 3: one ubatch of 30 tokens, 1.3 ms

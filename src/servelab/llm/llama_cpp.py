@@ -29,6 +29,13 @@ What the server does, from the source servelab's tests build it from (llama-cpp-
   weight), so the step model prices each ubatch and a step is their sum.
 - A request whose prompt and output do not fit one slot's context is refused here (the
   server cuts or refuses it).
+- **The steps after a prompt** run slower than the same steps later on: on this VM's
+  llama-server the first step of decodes alone after a step with prompt tokens took about
+  twice the model's time, the second 1.4-1.7 times, the third 1.2-1.3 (a 2-layer model,
+  2 ms steps, 2026-12-04; a 15 ms step gained about 5%). The cause is not known (the
+  CPU's caches or clock after a compute-heavy pass are candidates); `llm validate`
+  measures it from its own decode runs (`ProfileStepModel.after_prefill_ms`) and the
+  simulator adds it to the decode steps that follow each step with prompt tokens.
 """
 
 from __future__ import annotations
@@ -189,6 +196,8 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
     kv_t: list[float] = []
     kv_b: list[int] = []
     finished = 0
+    after = getattr(model, "after_prefill_ms", ())  # the profile's; the roofline has none
+    since = len(after)  # decode steps since the last step with prompt tokens
 
     while finished < n:
         while sends.next_at() <= t:
@@ -225,6 +234,12 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
             raise invalid("simulation", f"{MAX_STEPS:,} steps", "fewer steps",
                           "fewer requests, or a higher n_batch")
         dt = step_s(split_equal(batch, cfg.n_ubatch), model)
+        if any(not b.decode for b in batch):
+            since = 0
+        else:
+            if since < len(after):
+                dt += after[since] / 1e3
+            since += 1
         t += dt
         busy += dt
         running_sum += sum(h >= 0 for h in holder)

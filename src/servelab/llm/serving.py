@@ -321,6 +321,9 @@ class ProfileStepModel:
     max_abs_error_pct: float
     source: str
     multi_token_ms: float = 0.0  # more on a step of two or more tokens than on one of one
+    # more on the 1st, 2nd, ... step of decodes alone after a step with prompt tokens
+    # (measured by `llm validate`; llm/llama_cpp.py adds them)
+    after_prefill_ms: tuple[float, ...] = ()
 
     kind = "profile"
 

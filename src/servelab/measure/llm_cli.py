@@ -284,6 +284,8 @@ def validate(
 
 
 def _print_validation(report: Any) -> None:
+    from servelab.measure.llm_validate import SPEED_NOTE_PCT, SPEED_WINDOW_S
+
     t = Table(title=f"{report.model} at {report.endpoint}: predicted vs measured",
               title_justify="left")
     t.add_column("figure")
@@ -300,6 +302,13 @@ def _print_validation(report: Any) -> None:
     s = report.saturation
     stdout.print(f"saturation: predicted {s.predicted:.2f} / measured {s.measured:.2f} req/s "
                  f"({s.error_pct:+.1f}%)", highlight=False)
+    spreads = [f"{r.share_of_saturation:.0%} {r.speed_spread_pct:+.0f}%" for r in report.rates
+               if r.speed_spread_pct is not None]
+    if spreads:  # the machine's own speed through each step: a lone stream's step
+        stdout.print("server speed moved within each step (a lone stream's step, "
+                     f"{SPEED_WINDOW_S:.0f} s windows; above {SPEED_NOTE_PCT:.0f}% the "
+                     f"figures are the machine's as much as the model's): "
+                     + ", ".join(spreads), highlight=False)
     for r in report.rates:
         for n in r.notes:
             stdout.print(f"{r.share_of_saturation:.0%}: {n}", highlight=False)
