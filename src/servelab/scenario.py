@@ -205,10 +205,11 @@ def _int_list(name: str, v: Any) -> tuple[int, ...]:
 MAX_SAMPLES = 1_000_000
 
 
-def _samples(lo: float, hi: float, what: str) -> Callable[[str, Any], tuple[float, ...]]:
+def _samples(lo: float, hi: float, what: str, most: int = MAX_SAMPLES
+             ) -> Callable[[str, Any], tuple[float, ...]]:
     def conv(name: str, v: Any) -> tuple[float, ...]:
-        expected = f"a list of at most {MAX_SAMPLES:,} {what} from {lo:g} to {hi:g}"
-        if not isinstance(v, list | tuple) or len(v) > MAX_SAMPLES:
+        expected = f"a list of at most {most:,} {what} from {lo:g} to {hi:g}"
+        if not isinstance(v, list | tuple) or len(v) > most:
             what_ = f"a list of {len(v):,} entries" if isinstance(v, list | tuple) else v
             raise invalid(name, what_, expected, f"write e.g. {name} = [1.0, 0.98, 1.4]")
         for x in v:
@@ -708,7 +709,7 @@ class LlmPool:
         "prefill_tokens,decode_seqs,kv_tokens_read,step_ms (one tensor-parallel group).",
         unit="path", flags=("--step-profile",))
     after_prefill_ms: tuple[float, ...] = spec(
-        (), _samples(0, 60_000, "ms"), "With step_profile_csv and the "
+        (), _samples(0, 60_000, "ms", most=64), "With step_profile_csv and the "
         "llama.cpp scheduler: ms more on the 1st, 2nd, ... step of decodes alone after a "
         "step with prompt tokens (as `llm validate` measured them).", unit="ms")
     num_gpu_blocks_override: int | None = spec(

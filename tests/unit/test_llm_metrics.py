@@ -701,18 +701,18 @@ def test_the_servers_speed_moving_within_a_step_is_noted():
     rows = lone_steps(slow)
     assert rows.shape == (15 * 59, 2)
     assert set(np.round(rows[:, 1], 3)) == {3.5, 4.9}
-    (note,) = speed_note(slow)
+    (note,) = speed_note(lone_speed(slow))
     assert "3.50-4.90 ms" in note
     assert "+40%" in note
     assert lone_speed(slow) == pytest.approx((3.5, 4.9))
     assert spread_pct(lone_speed(slow)) == pytest.approx(40.0)
     steady = records([stream(t * 1000.0, 3.5 + 0.1 * (t % 3)) for t in range(0, 30, 2)])
-    assert speed_note(steady) == ()
+    assert speed_note(lone_speed(steady)) == ()
     assert 0 < spread_pct(lone_speed(steady)) <= 0.2 / 3.5 * 100  # window medians
     # two streams in the same steps: no lone step, nothing to say
     both = records([stream(0.0, 3.5), stream(0.0, 3.5)])
     assert lone_steps(both).shape == (0, 2)
-    assert speed_note(both) == ()
+    assert speed_note(lone_speed(both)) == ()
     assert lone_speed(both) is None
     assert spread_pct(None) is None
     # one window alone cannot say the speed moved

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from servelab.errors import invalid
 from servelab.llm.pool import pool_spec
 from servelab.scenario import LlmPool, Scenario
 
@@ -16,9 +15,6 @@ from servelab.scenario import LlmPool, Scenario
 STEP_KEYS = ("compute_efficiency", "memory_efficiency", "kv_memory_efficiency", "overhead_ms",
              "prefill_first_overhead_ms", "per_seq_ms", "overlap", "allreduce_latency_us",
              "nccl_allreduce_latency_us", "frontend_ms")
-
-
-MAX_AFTER_PREFILL = 64  # [llm] after_prefill_ms: steps after a prompt with a figure
 
 
 def llm_of(s: Scenario) -> LlmPool:
@@ -34,9 +30,6 @@ def step_profile(s: Scenario, llm: LlmPool) -> Any:
     if path is None:
         return None
     model = ProfileStepModel.from_csv(str(s.resolve_path(path, "[llm] step_profile_csv")))
-    if len(llm.after_prefill_ms) > MAX_AFTER_PREFILL:
-        raise invalid("[llm] after_prefill_ms", f"{len(llm.after_prefill_ms)} values",
-                      f"at most {MAX_AFTER_PREFILL}", "keep the first few steps' figures")
     return replace(model, after_prefill_ms=llm.after_prefill_ms)
 
 

@@ -234,12 +234,13 @@ def simulate_llama_cpp(req: Requests, cfg: LlamaCppConfig,
             raise invalid("simulation", f"{MAX_STEPS:,} steps", "fewer steps",
                           "fewer requests, or a higher n_batch")
         dt = step_s(split_equal(batch, cfg.n_ubatch), model)
-        if any(not b.decode for b in batch):
-            since = 0
-        else:
-            if since < len(after):
-                dt += after[since] / 1e3
-            since += 1
+        if after:  # the steps after a prompt (module docstring)
+            if any(not b.decode for b in batch):
+                since = 0
+            else:
+                if since < len(after):
+                    dt += after[since] / 1e3
+                since += 1
         t += dt
         busy += dt
         running_sum += sum(h >= 0 for h in holder)

@@ -543,8 +543,7 @@ def after_prefill_extra_ms(rec: RunRecords, i: int) -> np.ndarray:
     carries several tokens a chunk."""
     chunks = rec.chunk_ns[i]
     gaps = np.diff(chunks) / 1e6
-    if (gaps.size <= SKIP_GAPS or int(rec.output_tokens[i]) > chunks.size
-            or SKIP_GAPS < AFTER_PREFILL_STEPS):
+    if gaps.size <= SKIP_GAPS or int(rec.output_tokens[i]) > chunks.size:
         return np.full(AFTER_PREFILL_STEPS, math.nan)
     return np.asarray(gaps[:AFTER_PREFILL_STEPS] - float(np.mean(gaps[SKIP_GAPS:])), float)
 
@@ -1112,14 +1111,14 @@ def spread_pct(speed: tuple[float, float] | None) -> float | None:
     return None if speed is None else (speed[1] / speed[0] - 1) * 100
 
 
-def speed_note(rec: RunRecords) -> tuple[str, ...]:
+def speed_note(speed: tuple[float, float] | None) -> tuple[str, ...]:
     """A line where the server's one-stream step moved more than SPEED_NOTE_PCT within
-    the load step (`lone_speed`): no profile before or after can foresee that. On the
+    the load step (`speed`, from `lone_speed`): no profile before or after can foresee
+    that. On the
     AMD VM (2026-12-04) every step whose windows spread 30% or more missed TPOT p50 by
     12-28%, where the spread ran 5-55% in quiet runs (steal 0, other processes about
     1%); on an Intel VM later that day it ran 58-151% in two of eight quiet runs, and
     the six whose steps held within 15% (but one, 22%) met the whole bar within 6%."""
-    speed = lone_speed(rec)
     pct = spread_pct(speed)
     if speed is None or pct is None or pct <= SPEED_NOTE_PCT:
         return ()
@@ -1282,7 +1281,7 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
                                          spread_pct(speed))
                      + first_profile_note(on_first, figures) + step_notes(seen, now.model)
                      + given_note(seen.shape[0], given, figures) + cache_note(rec)
-                     + median_edge_notes(rec, sim, now.overhead_ms) + speed_note(rec))
+                     + median_edge_notes(rec, sim, now.overhead_ms) + speed_note(speed))
             rates.append(RateResult(rate, share, figures, sim.steps, steps_measured,
                                     metrics.send_late_p99_ms, metrics.failed, notes, drift,
                                     own_p50, given, now if reprofile else None, on_first,
