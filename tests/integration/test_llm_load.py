@@ -364,11 +364,16 @@ def _llama_validate_misses(url: str, tmp_path: Path, attempt: int
     assert "TTFT p50 (ms)" in (out / "validation.html").read_text()
     assert (out / "plotly.min.js").exists()  # opens offline
     assert report["limits"]["slots"] == 4
+    # saturation predicted from the profiles around its run, the first's alone noted
+    assert any(n.startswith("saturation predicted from the profiles just before and after")
+               for n in report["notes"])
     assert report["limits"]["ctx_per_slot"] == 1024
     from servelab.measure.llm_metrics import RunRecords, compute
 
     for k, rate in enumerate(report["rates"]):
         assert rate["failed"] == 0
+        # who decoded through another's prompt, counted on all 30 each way
+        assert rate["shared_prompt_steps"]["requests"] == 30
         # each step's raw records kept, and the same step's figures read back from them
         kept = RunRecords.from_dict(json.loads((out / f"records-step-{k}.json").read_text()))
         assert compute(kept).completed == 30

@@ -779,3 +779,65 @@ def test_the_verdict_says_when_every_miss_came_with_the_machine_moving():
     assert why.startswith("step model: the steps agree but TPOT misses; the step times are "
                           "off, and the server's own speed moved +62% within this step")
     assert _diagnose((miss,), 100, 100.0, 1.0, speed_spread_pct=5.0)[1].endswith("are off")
+
+
+def test_who_decoded_through_anothers_prompt_is_counted_each_way():
+    """A request decoded through another's prompt where that one's first token came out
+    after its own first and no later than its last: on the streams' chunk times (a step's
+    chunks within STEP_GROUP_NS of each other) and on the simulator's token times for the
+    same requests. The note says whether the decode spans differ too (the steps' speed)
+    or not (the scheduling rule)."""
+    from servelab.llm.serving import ServingResult
+    from servelab.measure.llm_validate import (
+        SharedSteps,
+        shared_note,
+        shared_steps,
+        through_prompts,
+    )
+
+    def req(intended: float, chunks: list[float]) -> dict[str, object]:
+        return {"intended": int(intended * MS), "done": int((chunks[-1] + 1) * MS),
+                "chunks": [int(c * MS) for c in chunks]}
+
+    rec = records([
+        req(0, [10, 20, 30, 40, 50]),  # A: B's first token at 30 came out in its decode
+        req(0, [10.5, 20.5]),  # D: first in A's first step, ended before B's: alone
+        req(15, [30, 40, 50, 60]),  # B: E's first came out in the step of its last
+        req(45, [60.3, 70.3]),  # E
+        req(100, [110, 120]),  # C: alone
+    ])
+
+    def sim(ttft_ms: list[float], e2e_ms: list[float]) -> ServingResult:
+        z = np.zeros(5)
+        return ServingResult(z, np.array(ttft_ms) / 1e3, z, np.array(e2e_ms) / 1e3, z,
+                             z.astype(bool), z, 0, 0.0, 0.0, 0.0, 0, 0)
+
+    # simulated: A ends at 25 ms, before B's first at 30; B's last and E's first both 60
+    s = shared_steps(rec, sim([10, 10, 15, 15, 10], [25, 20, 45, 25, 20]))
+    assert s == SharedSteps(2, 1, 5, pytest.approx(20.0), pytest.approx(15.0))
+    assert shared_note(s) == ()  # one request apart: too few to say
+    (note,) = shared_note(SharedSteps(91, 82, 120, 273.0, 210.0))  # the 2-layer run
+    assert "91 of 120 measured, 82 simulated" in note
+    assert "(-23%)" in note
+    assert "the steps' speed" in note
+    # the same spans and other counts: the scheduling
+    (note,) = shared_note(SharedSteps(30, 40, 100, 200.0, 205.0))
+    assert "points at the scheduling rule" in note
+    assert shared_note(SharedSteps(30, 34, 100, 200.0, 300.0)) == ()  # under 5 apart
+    assert shared_note(SharedSteps(300, 340, 1000, 200.0, 300.0)) == ()  # under 5%
+    assert shared_note(SharedSteps(300, 350, 1000, 200.0, 300.0)) != ()
+    assert shared_note(None) == ()
+    # in the step's JSON
+    from servelab.measure.llm_validate import Compared, RateResult
+
+    fig = Compared("TPOT p50 (ms)", 10.0, 10.0, 10.0)
+    d = RateResult(1.0, 0.3, (fig,), 100, 100.0, 1.0, 0, shared=s).to_dict()
+    assert d["shared_prompt_steps"]["measured"] == 2
+    assert d["shared_prompt_steps"]["span_measured_ms"] == pytest.approx(20.0)
+    assert RateResult(1.0, 0.3, (fig,), 100, 100.0, 1.0, 0).to_dict()[
+        "shared_prompt_steps"] is None
+    # the counting alone, in any unit; a request never counts its own first token
+    first, last = np.array([0.0, 5.0, 5.0, 20.0]), np.array([10.0, 9.0, 30.0, 25.0])
+    assert through_prompts(first, last, 0.0).tolist() == [True, False, True, False]
+    # requests with fewer than two tokens either way leave too little to tell
+    assert shared_steps(records([req(0, [10])]), sim([10], [10])) is None

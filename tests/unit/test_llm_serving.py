@@ -215,6 +215,48 @@ def test_every_request_is_served_or_counted_and_the_pool_holds(n, blocks, block,
         assert (r.sent_s == req.arrival_s).all()
 
 
+# a step model whose every term moves: KV read, attention, per-sequence cost, LM head
+KV_READS = StepModel(weight_bytes=1e9, kv_bytes_per_token=2e5, flops_per_token=1e10,
+                     attn_flops_per_context_token=3e6, peak_flops=1e15, hbm_bytes_per_s=1e12,
+                     compute_efficiency=0.7, memory_efficiency=0.8, overhead_s=2e-4,
+                     per_seq_s=1e-5, lm_head_flops=1e9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 40), blocks=st.integers(1, 300), block=st.sampled_from([1, 4, 16]),
+       seqs=st.integers(1, 8), budget=st.integers(1, 512), chunked=st.booleans(),
+       first=st.booleans(), prefix=st.booleans(), seed=st.integers(0, 10_000),
+       clients=st.integers(0, 6), span=st.sampled_from([0.0, 0.05, 1.0]))
+def test_decode_runs_change_nothing(n, blocks, block, seqs, budget, chunked, first, prefix,
+                                    seed, clients, span):
+    """The steps of decodes alone that `simulate_serving` takes at once (its decode runs)
+    give what the step-by-step loop gives, to the bit: every request's times, the
+    preemptions, the KV samples and the run's counts, whatever the pool, the budget, the
+    arrivals (all at once, close or spread) and the closed loop."""
+    import servelab.llm.serving as serving
+
+    rng = np.random.default_rng(seed)
+    req = reqs(np.sort(rng.uniform(0, span, n)), rng.integers(1, 200, n),
+               rng.integers(1, 80, n), rng.random(n) < 0.5)
+    cfg = SchedulerConfig(num_blocks=blocks, block_size=block, max_num_seqs=seqs,
+                          max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
+                          enable_prefix_caching=prefix, prefix_tokens=32,
+                          prefix_hit_share=0.5, prefill_first=first)
+    fast = simulate_serving(req, cfg, KV_READS, max_concurrency=clients)
+    runs = serving.DECODE_RUN_MIN
+    try:
+        serving.DECODE_RUN_MIN = serving.MAX_STEPS + 1  # step by step
+        slow = simulate_serving(req, cfg, KV_READS, max_concurrency=clients)
+    finally:
+        serving.DECODE_RUN_MIN = runs
+    for name in ("sent_s", "ttft_s", "tpot_s", "e2e_s", "preemptions", "rejected",
+                 "generated", "kv_time_s", "kv_blocks"):
+        assert np.array_equal(getattr(fast, name), getattr(slow, name), equal_nan=True), name
+    for name in ("steps", "busy_s", "end_s", "running_sum", "prefill_tokens",
+                 "decode_tokens"):
+        assert getattr(fast, name) == getattr(slow, name), name
+
+
 def test_a_deployment_report_for_llama_8b_on_h100():
     from servelab.api import load
     from servelab.llm.pool import pool_spec

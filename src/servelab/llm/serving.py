@@ -53,6 +53,13 @@ can admit a waiting prompt runs only whole new prompts; the decodes wait for it.
 Left out and stated: CUDA graphs' padding, speculative decoding, pipeline parallelism,
 expert-parallel all-to-all (experts are split by tensor parallelism), vLLM 0.6's
 multi-step scheduling.
+
+Decode runs (how, not what): where every running request is decoding and until one of
+them finishes, a request arrives, a waiting one could be admitted or a block could run
+short, the steps are decodes alone whose only change is one more KV token per request.
+`simulate_serving` takes such a run at once: it prices and samples each step as the
+step-by-step loop does, in the same order (so the result is equal to the bit, a test
+holds it), and does the per-request bookkeeping once for the run.
 """
 
 from __future__ import annotations
@@ -80,6 +87,8 @@ MAX_REQUESTS = 1_000_000
 MAX_CONCURRENCY = 100_000
 MAX_TOKENS_PER_REQUEST = 10_000_000
 MAX_STEPS = 20_000_000
+DECODE_RUN_MIN = 2  # steps a decode run must be able to take (`simulate_serving`)
+DECODE_RUN_BACKOFF = 64  # steps at most between tries where runs keep failing
 MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 # The roofline's constants (StepParams' defaults), fitted 2026-12-01 by
@@ -590,6 +599,82 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             budget -= new
         return budget
 
+    def admits() -> bool:
+        """Whether this step's admission (`admit`) would take the first waiting request,
+        with every running request decoding."""
+        if not waiting or len(running) >= cfg.max_num_seqs:
+            return False
+        budget = cfg.max_num_batched_tokens - (0 if cfg.prefill_first else len(running))
+        whole = cfg.prefill_first or not cfg.enable_chunked_prefill
+        i = waiting[0]
+        remaining = prompt[i] + gen[i] - computed[i]
+        new = min(remaining, budget)
+        if budget <= 0 or (new < remaining and whole
+                           and remaining <= cfg.max_num_batched_tokens):
+            return False
+        return blocks_for(i, computed[i] + new) - held[i] <= free
+
+    def decode_run() -> int:
+        """Steps in which nothing but the running requests' decodes can happen, taken at
+        once (the module docstring's decode runs): every running request is decoding, none
+        finishes, no block they take can run the pool dry (so none is preempted), no
+        request arrives and none waiting could be admitted. Each step is priced and
+        sampled exactly as the step-by-step loop does; only the per-request bookkeeping
+        is done once for the run. Returns the steps taken (0: none could be)."""
+        nonlocal t, busy, steps, running_sum, decode_tok, free
+        m = len(running)
+        # a request arriving within the first step ends the run there: no run. A step's
+        # time only grows with the KV it reads, so the step without any is a floor.
+        if (m > cfg.max_num_batched_tokens
+                or sends.next_at() <= t + model.step_s(m, float(m), 0.0, m, m) or admits()):
+            return 0
+        most = MAX_STEPS
+        kv0 = 0
+        for i in running:
+            c = computed[i]
+            if gen[i] == 0 or c != prompt[i] + gen[i] - 1:
+                return 0
+            most = min(most, output[i] - gen[i] - 1)  # its last token is the loop's
+            kv0 += c
+        if most < DECODE_RUN_MIN:
+            return 0
+        # the blocks taken at each step of the run: request i takes one when its tokens
+        # pass what its blocks hold, then every B steps; the run stops before the step
+        # whose blocks would leave the pool short
+        taken = [0] * most
+        for i in running:
+            for j in range((held[i] + shared[i]) * B - computed[i], most, B):
+                taken[j] += 1
+        left = free
+        for j in range(most):
+            left -= taken[j]
+            if left < 0:
+                most = j
+                break
+        j = 0
+        left = free
+        while j < most and sends.next_at() > t and steps < MAX_STEPS:
+            kv = float(kv0 + j * m)
+            dt = model.step_s(m, kv + m, kv, m, m)
+            t += dt
+            busy += dt
+            steps += 1
+            running_sum += m
+            left -= taken[j]
+            kv_t.append(t)
+            kv_b.append(pool - left)
+            j += 1
+        decode_tok += j * m
+        free = left
+        for i in running:
+            c = computed[i] + j
+            computed[i] = c
+            gen[i] += j
+            held[i] = max(held[i], blocks_for(i, c))
+        return j
+
+    retry_at = 0  # the step from which a decode run is tried again, and the wait after
+    backoff = 1
     while finished < n:
         while sends.next_at() <= t:
             i = sends.take()
@@ -607,6 +692,14 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 break
             t = max(t, sends.next_at())
             continue
+        if running and steps >= retry_at:
+            if decode_run():
+                backoff = 1
+                continue
+            # where runs cannot be had (a request arrives or finishes every step or so)
+            # the tries back off, so the check costs the step loop little
+            retry_at = steps + backoff
+            backoff = min(2 * backoff, DECODE_RUN_BACKOFF)
         steps += 1
         if steps > MAX_STEPS:
             raise invalid("simulation", f"{MAX_STEPS:,} steps", "fewer steps",

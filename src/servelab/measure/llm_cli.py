@@ -309,6 +309,8 @@ def _print_validation(report: Any) -> None:
                      f"{SPEED_WINDOW_S:.0f} s windows; above {SPEED_NOTE_PCT:.0f}% the "
                      f"figures are the machine's as much as the model's): "
                      + ", ".join(spreads), highlight=False)
+    for n in report.notes:
+        stdout.print(n, highlight=False)
     for r in report.rates:
         for n in r.notes:
             stdout.print(f"{r.share_of_saturation:.0%}: {n}", highlight=False)
