@@ -638,6 +638,18 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             kv0 += c
         if most < DECODE_RUN_MIN:
             return 0
+        # the steps' times first, up to the one a request arrives at the start of (a
+        # step's time rests on the KV it reads alone), so the blocks below are counted
+        # for the steps the run can take, not for every step to the first finish
+        due = sends.next_at()
+        dts: list[float] = []
+        at = t
+        while len(dts) < most and due > at and steps + len(dts) < MAX_STEPS:
+            kv = float(kv0 + len(dts) * m)
+            dt = model.step_s(m, kv + m, kv, m, m)
+            at += dt
+            dts.append(dt)
+        most = len(dts)
         # the blocks taken at each step of the run: request i takes one when its tokens
         # pass what its blocks hold, then every B steps; the run stops before the step
         # whose blocks would leave the pool short
@@ -651,27 +663,24 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             if left < 0:
                 most = j
                 break
-        j = 0
         left = free
-        while j < most and sends.next_at() > t and steps < MAX_STEPS:
-            kv = float(kv0 + j * m)
-            dt = model.step_s(m, kv + m, kv, m, m)
+        for j in range(most):
+            dt = dts[j]
             t += dt
             busy += dt
-            steps += 1
-            running_sum += m
             left -= taken[j]
             kv_t.append(t)
             kv_b.append(pool - left)
-            j += 1
-        decode_tok += j * m
+        steps += most
+        running_sum += most * m
+        decode_tok += most * m
         free = left
         for i in running:
-            c = computed[i] + j
+            c = computed[i] + most
             computed[i] = c
-            gen[i] += j
+            gen[i] += most
             held[i] = max(held[i], blocks_for(i, c))
-        return j
+        return most
 
     retry_at = 0  # the step from which a decode run is tried again, and the wait after
     backoff = 1
@@ -693,13 +702,16 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             t = max(t, sends.next_at())
             continue
         if running and steps >= retry_at:
-            if decode_run():
+            took = decode_run()
+            if took >= DECODE_RUN_MIN:
                 backoff = 1
+            else:
+                # where runs cannot be had (a request arrives or finishes every step or
+                # so) the tries back off, so the check costs the step loop little
+                retry_at = steps + backoff
+                backoff = min(2 * backoff, DECODE_RUN_BACKOFF)
+            if took:
                 continue
-            # where runs cannot be had (a request arrives or finishes every step or so)
-            # the tries back off, so the check costs the step loop little
-            retry_at = steps + backoff
-            backoff = min(2 * backoff, DECODE_RUN_BACKOFF)
         steps += 1
         if steps > MAX_STEPS:
             raise invalid("simulation", f"{MAX_STEPS:,} steps", "fewer steps",
