@@ -659,16 +659,12 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 taken[j] += 1
         left = free
         for j in range(most):
-            left -= taken[j]
-            if left < 0:
+            if taken[j] > left:
                 most = j
                 break
-        left = free
-        for j in range(most):
-            dt = dts[j]
-            t += dt
-            busy += dt
             left -= taken[j]
+            t += dts[j]
+            busy += dts[j]
             kv_t.append(t)
             kv_b.append(pool - left)
         steps += most
