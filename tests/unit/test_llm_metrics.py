@@ -283,6 +283,54 @@ def test_steps_are_read_from_the_streams_chunk_times() -> None:
     assert step_notes(steps_seen(bunched), model) == ()
 
 
+def test_steps_shorter_than_the_grouping_window_are_told_apart() -> None:
+    """A 2-layer server's 1.2 ms steps are shorter than STEP_GROUP_NS (1.5 ms): a step
+    makes one token a request, so a request's next chunk starts the next step. Two
+    streams in lockstep (the second 0.1 ms behind on the wire) read as 2-sequence steps
+    of 1.2 ms, a lone stream as 1-sequence steps; a chunk the client read 1 ms late
+    takes out the step it lengthened and the one it shortened; and the slot replay
+    releases each stream in the step of its last token."""
+    from servelab.llm.rules import SchedulingRule
+    from servelab.measure.llm_validate import (
+        STEP_GROUP_NS,
+        ServerLimits,
+        lone_steps,
+        replay_slots,
+        step_groups,
+        steps_seen,
+    )
+
+    step = 1_200_000
+    assert step < STEP_GROUP_NS
+    a = [k * step for k in range(20)]
+    b = [t + 100_000 for t in a[:10]]  # decodes beside a for ten steps, then ends
+    rec = records([{"intended": 0, "done": a[-1] + MS, "chunks": a, "prompt": 8},
+                   {"intended": 0, "done": b[-1] + MS, "chunks": b, "prompt": 8}])
+    groups = step_groups(rec, np.arange(2))
+    assert [len(g) for g in groups] == [2] * 10 + [1] * 10
+    rows = steps_seen(rec)
+    assert rows[:, 1].tolist() == [2] * 9 + [1] * 10  # sequences decoding
+    assert rows[:, 5] == pytest.approx([1.2] * 9 + [1.2] * 10)
+    assert lone_steps(rec)[:, 1] == pytest.approx([1.2] * 9)  # a's steps after b ended
+    # one of a's tokens read 1 ms late: the step before it reads 2.2 ms, the one after
+    # 0.2; neither is a row, the steps around them are
+    late = list(a)
+    late[15] += MS
+    rows = steps_seen(records([{"intended": 0, "done": a[-1] + MS, "chunks": late,
+                                "prompt": 8}]))
+    assert rows[:, 5] == pytest.approx([1.2] * 17)
+    # slots: c and d take slots 1 and 0; c ends a step before d (1.2 ms apart, within the
+    # window): c's slot was released first, so e, sent after both ended, takes slot 1
+    c = [MS + k * step for k in range(5)]
+    d = [MS + 50_000 + k * step for k in range(6)]
+    slots = records([{"intended": 0, "done": c[-1] + 200_000, "chunks": c},
+                     {"intended": 0, "done": d[-1] + 200_000, "chunks": d},
+                     {"intended": 20 * MS, "done": 30 * MS, "chunks": [25 * MS]}])
+    assert replay_slots(slots, 2).tolist() == [1, 0, 1]
+    limits = ServerLimits(SchedulingRule.LLAMA_CPP, 2, 1024, 2048, "test")
+    assert steps_seen(slots, limits)[:, 3:5].tolist() == [[1, 1]] * 4 + [[1, 0]]
+
+
 def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
     """A profile that put decode steps at 5 ms where the load's ran at 10: TPOT misses
     by half on the profile alone, and given the load's own steps (read from the

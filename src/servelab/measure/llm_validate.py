@@ -874,6 +874,10 @@ def server_tpot_ms(rec: RunRecords) -> np.ndarray:
 
 
 STEP_GROUP_NS = 1_500_000  # one step's chunks leave the server within this of each other
+# a stream's chunk sooner than this share of its median gap after its previous one was read
+# late by the client, not made in a step that short: with 1.1-1.3 ms steps (2 layers, AMD
+# VM, 2026-12-05) 1% of a stream's gaps were 0.07-0.4 ms, each after one as much too long
+BUNCH_SHARE = 0.3
 STEP_NOTE_MIN = 20  # decode steps of one size seen at least this often are noted
 MIXED_NOTE_MIN = 5  # and steps where a prompt joined decodes, this often
 
@@ -884,24 +888,21 @@ def replay_slots(rec: RunRecords, slots: int) -> np.ndarray:
     request to the idle slot least recently released (of never-used slots the highest
     id). A slot is freed when its last token came: the server releases it as it sends
     the end of the stream, which reaches the client later, and a request sent in
-    between found the slot free. Streams that ended in one step (last tokens within
-    STEP_GROUP_NS) were released in slot order, lowest id first (the server walks its
-    slots in order after each step), whatever order their ends reached the client in.
+    between found the slot free. Streams that ended in one step (`step_groups`) were
+    released in slot order, lowest id first (the server walks its slots in order after
+    each step), whatever order their ends reached the client in.
     -1 where a request did not complete, or where the client's times cannot tell (a
     request that ended while the replay still had it waiting)."""
     ok = np.flatnonzero(rec.ok)
     out = np.full(rec.ok.size, -1, np.int64)
-    end = {int(i): int(rec.chunk_ns[i][-1]) if rec.chunk_ns[i].size else int(rec.done_ns[i])
-           for i in ok}
-    # each release at the start of its step's group of ends
-    step_of: dict[int, int] = {}
-    start = None
-    for i in sorted(end, key=lambda k: (end[k], k)):
-        if start is None or end[i] - start >= STEP_GROUP_NS:
-            start = end[i]
-        step_of[i] = start
+    # each release at the start of the step that made its last token (`step_groups`)
+    step_of = {int(i): int(rec.done_ns[i]) for i in ok}
+    for step in step_groups(rec, ok):
+        for _, i, k in step:
+            if k == rec.chunk_ns[i].size - 1:
+                step_of[i] = step[0][0]
     # events in time order: a step's releases (0) before an arrival (1) at that instant
-    ev = sorted([(step_of[i], 0, i) for i in end] + [(int(rec.sent_ns[i]), 1, int(i))
+    ev = sorted([(step_of[i], 0, i) for i in step_of] + [(int(rec.sent_ns[i]), 1, int(i))
                                                       for i in ok])
     last_used: list[tuple[int, int]] = [(-1, 0)] * slots
     holder = [-1] * slots
@@ -930,7 +931,8 @@ def steps_seen(rec: RunRecords, limits: ServerLimits | None = None) -> np.ndarra
     (llama.cpp): chunks within STEP_GROUP_NS of each other came out of one step, and a
     step's time is the gap from the step before, kept only where the server was busy in
     between (every decode in the step had its previous token in the step before; a gap
-    after idle would read as a long step). Rows: prefill tokens (prompts whose first
+    after idle would read as a long step), and neither side of a chunk the client read
+    late (BUNCH_SHARE). Rows: prefill tokens (prompts whose first
     token the step made), decode sequences, KV tokens read, passes over the model and
     those of 2+ tokens (`limits.passes`, from the slots `replay_slots` gives; one pass
     without `limits`), measured ms; empty where the server bunches tokens into chunks."""
@@ -940,12 +942,18 @@ def steps_seen(rec: RunRecords, limits: ServerLimits | None = None) -> np.ndarra
     slot = (replay_slots(rec, limits.slots) if limits is not None
             else np.zeros(rec.ok.size, np.int64))
     groups = step_groups(rec, ok)
+    bunch = {int(i): BUNCH_SHARE * float(np.median(np.diff(rec.chunk_ns[i])))
+             if rec.chunk_ns[i].size >= 2 else 0.0 for i in ok}
+    bunched = [any(k > 0 and rec.chunk_ns[i][k] - rec.chunk_ns[i][k - 1] < bunch[i]
+                   for _, i, k in step) for step in groups]
     rows = []
-    for before, step in itertools.pairwise(groups):
+    for j, (before, step) in enumerate(itertools.pairwise(groups)):
         prev = {(i, k) for _, i, k in before}
         decodes = [(i, k) for _, i, k in step if k > 0]
         if not decodes or any((i, k - 1) not in prev for i, k in decodes):
             continue
+        if bunched[j + 1] or (j + 2 < len(groups) and bunched[j + 2]):
+            continue  # a chunk the client read late: this step long, the next one short
         batch = sorted((Seq(int(slot[i]), 1, int(rec.prompt_tokens[i]) + k, True, True)
                         for i, k in decodes), key=attrgetter("slot")) + sorted(
             (Seq(int(slot[i]), int(rec.prompt_tokens[i]), 0, False, True)
@@ -1091,14 +1099,21 @@ EDGE_NOTE = "p50 sits in a gap of its distribution"  # edge_note's, after the fi
 
 def step_groups(rec: RunRecords, ok: np.ndarray) -> list[list[tuple[int, int, int]]]:
     """The requests `ok`'s chunks as (ns, request, token index), in time order, grouped
-    into the server's steps: chunks within STEP_GROUP_NS of each other came out of one."""
+    into the server's steps: chunks within STEP_GROUP_NS of each other came out of one,
+    and a step makes one token a request, so a request's next chunk starts the next step.
+    Without that rule, steps shorter than the window ran together: with a 2-layer model
+    (1.1-1.3 ms steps, AMD VM, 2026-12-05) a lone stream's steps read as one, 10-19% of
+    the groups held a request twice, and steps of one sequence read 2.1-2.3 ms."""
     ev = sorted((int(t), int(i), k) for i in ok for k, t in enumerate(rec.chunk_ns[i]))
     groups: list[list[tuple[int, int, int]]] = []
+    members: set[int] = set()
     for e in ev:
-        if groups and e[0] - groups[-1][-1][0] < STEP_GROUP_NS:
+        if groups and e[0] - groups[-1][-1][0] < STEP_GROUP_NS and e[1] not in members:
             groups[-1].append(e)
         else:
             groups.append([e])
+            members = set()
+        members.add(e[1])
     return groups
 
 
