@@ -331,6 +331,43 @@ def test_steps_shorter_than_the_grouping_window_are_told_apart() -> None:
     assert steps_seen(slots, limits)[:, 3:5].tolist() == [[1, 1]] * 4 + [[1, 0]]
 
 
+@st.composite
+def stepped_streams(draw):  # type: ignore[no-untyped-def]
+    """A server's steps (0.8-20 ms, or 2-60 ms where a prompt comes in) and up to four
+    streams, each making a token in every step from its prompt's to its last; each chunk
+    reaches the client up to 0.3 ms late. Returns the chunk times and, per step, the
+    streams it served."""
+    n_streams = draw(st.integers(1, 4))
+    n_steps = draw(st.integers(2, 40))
+    starts = sorted(draw(st.lists(st.integers(0, n_steps - 2), min_size=n_streams,
+                                  max_size=n_streams)))
+    ends = [draw(st.integers(a + 1, n_steps - 1)) for a in starts]
+    t, times = 0, []
+    for j in range(n_steps):
+        prompt = j in starts
+        t += draw(st.integers(2 * MS if prompt else 800_000, 60 * MS if prompt else 20 * MS))
+        times.append(t)
+    chunks = [[times[j] + draw(st.integers(0, 300_000)) for j in range(a, b + 1)]
+              for a, b in zip(starts, ends, strict=True)]
+    served = [{s for s in range(n_streams) if starts[s] <= j <= ends[s]}
+              for j in range(n_steps)]
+    return chunks, [x for x in served if x]
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=stepped_streams())
+def test_chunks_group_into_the_steps_that_made_them(case) -> None:  # type: ignore[no-untyped-def]
+    """Whatever the steps' lengths against STEP_GROUP_NS and however the chunks of one
+    step reach the client (within 0.3 ms), each group is one step's chunks, one a
+    stream, and every step is one group."""
+    from servelab.measure.llm_validate import step_groups
+
+    chunks, served = case
+    rec = records([{"intended": 0, "done": c[-1] + MS, "chunks": c} for c in chunks])
+    groups = step_groups(rec, np.arange(len(chunks)))
+    assert [{i for _, i, _ in g} for g in groups] == served
+
+
 def test_given_the_runs_own_steps_the_simulator_is_run_again() -> None:
     """A profile that put decode steps at 5 ms where the load's ran at 10: TPOT misses
     by half on the profile alone, and given the load's own steps (read from the
