@@ -577,21 +577,27 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     def blocks_for(i: int, tokens: int) -> int:
         return max(0, -(-tokens // B) - shared[i])
 
+    def fits(budget: int, whole: bool) -> tuple[int, int] | None:
+        """The first waiting request's new tokens this step and the blocks they take,
+        where budget, max_num_seqs and free blocks let it in; `whole`: a prompt that does
+        not fit the rest of the budget waits for a step with room. None where it waits."""
+        if not waiting or budget <= 0 or len(running) >= cfg.max_num_seqs:
+            return None
+        i = waiting[0]
+        remaining = prompt[i] + gen[i] - computed[i]
+        new = min(remaining, budget)
+        if new < remaining and whole and remaining <= cfg.max_num_batched_tokens:
+            return None
+        need = blocks_for(i, computed[i] + new) - held[i]
+        return None if need > free else (new, need)
+
     def admit(sched: list[tuple[int, int]], budget: int, whole: bool) -> int:
-        """Admit waiting requests first come, first served while budget, max_num_seqs
-        and free blocks allow; `whole`: a prompt that does not fit the rest of the budget
-        waits for a step with room. Returns the budget left."""
+        """Admit waiting requests first come, first served while they fit (`fits`).
+        Returns the budget left."""
         nonlocal free
-        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-            i = waiting[0]
-            remaining = prompt[i] + gen[i] - computed[i]
-            new = min(remaining, budget)
-            if new < remaining and whole and remaining <= cfg.max_num_batched_tokens:
-                break
-            need = blocks_for(i, computed[i] + new) - held[i]
-            if need > free:
-                break
-            waiting.popleft()
+        while (fit := fits(budget, whole)) is not None:
+            new, need = fit
+            i = waiting.popleft()
             free -= need
             held[i] += need
             running.append(i)
@@ -602,17 +608,8 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     def admits() -> bool:
         """Whether this step's admission (`admit`) would take the first waiting request,
         with every running request decoding."""
-        if not waiting or len(running) >= cfg.max_num_seqs:
-            return False
         budget = cfg.max_num_batched_tokens - (0 if cfg.prefill_first else len(running))
-        whole = cfg.prefill_first or not cfg.enable_chunked_prefill
-        i = waiting[0]
-        remaining = prompt[i] + gen[i] - computed[i]
-        new = min(remaining, budget)
-        if budget <= 0 or (new < remaining and whole
-                           and remaining <= cfg.max_num_batched_tokens):
-            return False
-        return blocks_for(i, computed[i] + new) - held[i] <= free
+        return fits(budget, cfg.prefill_first or not cfg.enable_chunked_prefill) is not None
 
     def decode_run() -> int:
         """Steps in which nothing but the running requests' decodes can happen, taken at
