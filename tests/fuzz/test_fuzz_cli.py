@@ -180,6 +180,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
     ("validate",): ["--rates", "--duration", "--max-batch-size", "--max-queue-delay-us",
                     "--instances", "--model", "--url", "--seed", "--out", "--batcher-first",
                     "--server-cpus", "--client-cpus", "--no-calibrate", "--frontend-workers",
+                    "--no-calibrate-at-rate",
                     "--frontend-cpu-ms"],
     # (no output paths here: a generated one would be written; the named cases hold them)
     ("llm", "fit"): ["--max-evals", "--tp", "--gpu-memory-utilization",

@@ -198,6 +198,32 @@ def test_validate_calibrates_its_profile_under_open_loop_load_when_asked():
     assert any("calibrated under open-loop load" in n for n in report["notes"])
 
 
+@pytest.mark.slow
+def test_validate_calibrates_each_rate_by_a_warm_up_at_that_rate_when_asked():
+    """--calibrate-at-rate (issue 28, item 3): before the rate, a warm-up at the same rate
+    (half its requests); the server's batch times in it replace the profile's for that
+    rate's prediction, the profile's own prediction kept beside it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates", "100",
+         "--duration", "2", "--calibrate-at-rate", "--json"],
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode in (0, 1), out.stderr[-3000:]  # 1: a figure missed
+    report = json.loads(out.stdout)
+    assert report["saturation_per_s"] is None  # no search: --rates, and not --calibrate
+    assert report["profile"]["calibration"] is None  # the profile itself is unchanged
+    [r] = report["rates"]
+    w = r["warmup"]
+    # 100 requests at 100/s: batches of one request, far more than 20 of them
+    assert w["batches"]["1"] >= 20
+    assert all(n >= 20 for n in w["batches"].values())
+    assert w["sizes_ms"]["1"] > 0
+    assert set(r["closed_loop_profile"]) == set(r["compare"])  # the profile's, beside it
+    assert any(n.startswith("at 100/s predicted with the batch times of a warm-up")
+               for n in report["notes"])
+    # the warm-up's requests are not the measured run's
+    assert r["measured"]["requests"] == 200
+
+
 def test_load_replays_a_trace_and_sweeps_a_rate_range(tmp_path):
     trace = tmp_path / "arrivals.csv"
     # 50 arrivals: a burst of 10 at t = 0.5 s, the rest evenly spread over 1 s

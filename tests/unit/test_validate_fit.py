@@ -417,3 +417,27 @@ def test_an_event_loops_turn_cost_is_shared_under_load():
     assert not any("cannot keep up" in n for n in notes)
     whole, notes = frontend_ms(2000.0, frontend_cpu_ms=0.8)
     assert any("cannot keep up" in n for n in notes), (whole, notes)
+
+
+def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_calibration():
+    """--calibrate-at-rate (issue 28, item 3): each rate's note names the warm-up's batch
+    times and their scale, or says it could not calibrate; with --calibrate as well the
+    spec is refused with both flags' names."""
+    from dataclasses import replace as with_
+
+    from servelab.errors import InputError
+    from servelab.measure.validate import SizeFit, ValidationSpec, warmup_notes
+    from tests.conftest import rate_check
+
+    fit = SizeFit({"1": 1.25, "2": 1.5}, {"1": 40, "2": 22}, 0.8, (1.0, 0.25))
+    rows = [with_(rate_check(100.0), warmup=fit), rate_check(400.0)]
+    assert warmup_notes(rows, asked=False) == []
+    warm, none = warmup_notes(rows, asked=True)
+    assert warm.startswith("at 100/s predicted with the batch times of a warm-up")
+    assert "1: 1.250 ms, 2: 1.500 ms" in warm
+    assert "x0.80" in warm
+    assert none.startswith("at 400/s the warm-up ran no batch size 20 times")
+    with pytest.raises(InputError, match=r"--calibrate-at-rate.*not with --calibrate"):
+        ValidationSpec(serve="demo", calibrate=True, calibrate_at_rate=True)
+    assert rows[0].to_dict()["warmup"]["sizes_ms"] == {"1": 1.25, "2": 1.5}
+    assert rows[1].to_dict()["warmup"] is None

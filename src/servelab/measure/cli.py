@@ -232,6 +232,11 @@ def validate(
              "rate; with --rates the search runs for this alone). For a server whose speed "
              "differs between a closed loop and open-loop traffic; on a machine the client "
              "shares, the search's heavy steps can make it worse.")] = False,
+    calibrate_at_rate: Annotated[bool, typer.Option(
+        help="Before each rate, a warm-up run at that rate (half its requests, other "
+             "arrivals); the server's batch times in it replace the profile's for that "
+             "rate's prediction (the profile's own is kept beside it). For a server whose "
+             "speed moves between profiling and the run. Not with --calibrate.")] = False,
     server_cpus: Annotated[str | None, typer.Option(
         help="With --serve: run the gateway on these CPUs alone (e.g. 0-3), as taskset -c "
              "would.")] = None,
@@ -267,6 +272,7 @@ def validate(
         duration_s=duration, max_batch_size=max_batch_size,
         max_queue_delay_us=max_queue_delay_us, instances=instances,
         batcher_first=batcher_first, seed=seed, calibrate=calibrate,
+        calibrate_at_rate=calibrate_at_rate,
         server_cpus=tuple(sorted(parse_cpus("--server-cpus", server_cpus)))
         if server_cpus is not None else None,
         client_cpus=tuple(sorted(parse_cpus("--client-cpus", client_cpus)))

@@ -110,6 +110,11 @@ MIN_BATCHES = 5  # executions of one size before its mean is a profile point
 # tried: sizes seen 5-19 times carried stalls into it, compute missing by 7-38%).
 MIN_RUN_BATCHES = 20
 MIN_CALIBRATION_BATCHES = 20  # the same for calibrating the profile that predicts
+# --calibrate-at-rate: a warm-up run at each rate, this share of the rate's requests (at
+# least WARMUP_MIN), its arrivals drawn from the rate's seed plus WARMUP_SEED
+WARMUP_SHARE = 0.5
+WARMUP_MIN = 100
+WARMUP_SEED = 7_919
 PROBE_REQUESTS = 80  # one-row requests, one client, per probe (about 0.3-0.5 s)
 PROBE_GROUPS = 8  # the probe's figure is the median of this many groups' means
 PROBE_SETTLE_S = 1.0  # pause before a probe, after a loaded run
@@ -333,6 +338,9 @@ class RateCheck:
     given_measured_compute: Diagnosis | None
     probe_drift: float = 1.0
     probe_ms: float | None = None
+    # --calibrate-at-rate: the batch times of the warm-up run at this rate that the
+    # prediction used (None: the profile's; also when the warm-up ran no size often enough)
+    warmup: SizeFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.given_measured_compute
@@ -342,7 +350,8 @@ class RateCheck:
                 **({} if self.closed_loop_profile is None
                    else {"closed_loop_profile": checks_dict(self.closed_loop_profile)}),
                 "given_measured_compute": None if g is None else g.to_dict(),
-                "probe_drift": self.probe_drift, "probe_ms": self.probe_ms}
+                "probe_drift": self.probe_drift, "probe_ms": self.probe_ms,
+                "warmup": None if self.warmup is None else self.warmup.to_dict()}
 
 
 @dataclass(slots=True)
@@ -925,15 +934,24 @@ def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
 
 
 def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
-                        rate: float, n: int, seed: int, closed_loop: Profile | None = None
-                        ) -> RateCheck:
+                        rate: float, n: int, seed: int, closed_loop: Profile | None = None,
+                        at_rate: bool = False) -> RateCheck:
     """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals,
     and the diagnosis with the run's own measured compute time. With `closed_loop` (the
-    profile before calibration under load), its prediction too, for reference."""
+    profile before calibration under load), its prediction too, for reference.
+
+    With `at_rate` (--calibrate-at-rate), a warm-up run at the same rate comes first
+    (`warmup_at_rate`), and the prediction takes the batch times the server showed in it
+    in place of the profile's, as the diagnosis takes the run's own: the server's speed
+    under this very load, measured seconds before the run rather than minutes (on the
+    2-core VM the gateway's one-row batch moved x0.81-1.26 between its profile and a
+    rate a minute later, 2026-12-03). The profile's own prediction is kept beside it
+    (`closed_loop_profile`)."""
     bodies = random_bodies(meta, 256, seed)
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     offsets = poisson_offsets(rate, n, seed)
     now = probe(t, one) if prof.probe is not None else None
+    warm = warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate else None
     before = batch_stats(t)
     sent: list[np.ndarray] = []
     measured = LoadStep.of(measure_rate(
@@ -943,16 +961,35 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     after = batch_stats(t)
     in_run = _delta(before, after) if before is not None and after is not None else {}
     drift = drift_scale(prof, now)
-    predicted = predict(fit_scenario(t, sp, prof), offsets, seed)
-    uncalibrated = None if closed_loop is None else compare(
-        measured, predict(fit_scenario(t, sp, closed_loop), offsets, seed))
+    used = prof if warm is None else warm[0]
+    predicted = predict(fit_scenario(t, sp, used), offsets, seed)
+    base = closed_loop if closed_loop is not None else (prof if warm is not None else None)
+    uncalibrated = None if base is None else compare(
+        measured, predict(fit_scenario(t, sp, base), offsets, seed))
     return RateCheck(
         rate, n, measured, predicted, compare(measured, predicted), uncalibrated,
         # (on the closed-loop profile: the run's own times replace it where the run made
         # a size often enough, as they would replace the calibration's)
         given_measured_compute(t, sp, closed_loop or prof, in_run, offsets, seed, measured,
                                sent_s=sent[0] if sent else None),
-        drift, None if now is None else now.exec_ms)
+        drift, None if now is None else now.exec_ms, None if warm is None else warm[1])
+
+
+def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Profile,
+                   rate: float, n: int, seed: int) -> tuple[Profile, SizeFit] | None:
+    """--calibrate-at-rate: an open-loop run at `rate` of WARMUP_SHARE of the rate's `n`
+    requests (its own arrivals, seed + WARMUP_SEED), and `prof` with the batch times the
+    server showed in it (`with_sizes` as the diagnosis uses it: each size run
+    MIN_RUN_BATCHES times or more as measured, the others on the warm-up's line through
+    them). None where the server has no statistics or ran no size often enough."""
+    m = max(WARMUP_MIN, min(int(n * WARMUP_SHARE), n))
+    before = batch_stats(t)
+    measure_rate(t, bodies, rate, m, seed + WARMUP_SEED, 256,
+                 offsets=poisson_offsets(rate, m, seed + WARMUP_SEED))
+    after = batch_stats(t)
+    if before is None or after is None:
+        return None
+    return with_sizes(prof, _delta(before, after), MIN_RUN_BATCHES, trend=True)
 
 
 # An open-loop saturation under this share of the closed loop's rate is flagged: an open
@@ -968,6 +1005,27 @@ def saturation_notes(sat: float | None, closed: float | None) -> list[str]:
             f"closed loop's {closed:.0f}/s: the server fell behind even at low rates (a "
             "busy machine, a stall, or a client that cannot send this fast); the rates "
             "judged are shares of it, so check them, or give them with --rates"]
+
+
+def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
+    """What --calibrate-at-rate did at each rate: the warm-up's batch times and how far
+    they were from the profile, or that it could not calibrate (no statistics, or no
+    batch size run MIN_RUN_BATCHES times)."""
+    if not asked:
+        return []
+    out = []
+    for r in rows:
+        at = f"at {r.rate_per_s:g}/s"
+        w = r.warmup
+        if w is None:
+            out.append(f"{at} the warm-up ran no batch size {MIN_RUN_BATCHES} times or more "
+                       "(or the server keeps no statistics): predicted from the profile")
+            continue
+        sizes = ", ".join(f"{k}: {v:.3f} ms" for k, v in w.sizes_ms.items())
+        out.append(f"{at} predicted with the batch times of a warm-up at this rate just "
+                   f"before it ({sizes}; x{w.profile_scale:.2f} of the profile there); "
+                   "closed_loop_profile holds the profile's own prediction")
+    return out
 
 
 def notes_for(rows: list[RateCheck], prof: Profile | None = None) -> list[str]:
@@ -1117,6 +1175,7 @@ class ValidationSpec:
     batcher_first: float = 0.0
     seed: int = 0
     calibrate: bool = False
+    calibrate_at_rate: bool = False  # a warm-up run at each rate calibrates its prediction
     server_cpus: tuple[int, ...] | None = None
     client_cpus: tuple[int, ...] | None = None
     frontend_workers: int | None = None  # None: 1 with --serve (servelab's gateway), else 0
@@ -1145,6 +1204,10 @@ class ValidationSpec:
         if not 0 <= self.batcher_first <= 1:
             raise invalid("--batcher-first", self.batcher_first, "a share from 0 to 1",
                           "the share servelab replay-trace prints, or 0")
+        if self.calibrate and self.calibrate_at_rate:
+            raise invalid("--calibrate-at-rate", True, "one calibration: not with --calibrate",
+                          "give --calibrate (the saturation search's steps) or "
+                          "--calibrate-at-rate (a warm-up at each rate), not both")
         if self.server_cpus is not None and self.serve is None:
             raise invalid("--server-cpus", self.server_cpus, "--serve (validate starts that "
                           "server)", "pin a server you started yourself with taskset -c, or "
@@ -1293,11 +1356,13 @@ def run_validation(spec: ValidationSpec, *,
             say(f"validate: {rate:g}/s, {n:,} requests...")
             rows.append(measure_and_predict(
                 target, meta, sp, prof, rate, n, spec.seed + k,
-                closed_loop=closed_prof if prof is not closed_prof else None))
+                closed_loop=closed_prof if prof is not closed_prof else None,
+                at_rate=spec.calibrate_at_rate))
     ok, misses = verdict(rows)
     return ValidationReport(
         model=name, url=target.base, policy_source=sp.source, cpus=pinned,
         saturation_per_s=sat, closed_loop_per_s=closed, profile=prof,
         closed_loop_profile=closed_prof if prof is not closed_prof else None,
         rates=tuple(rows), within_tolerance=ok, misses=tuple(misses),
-        notes=tuple(notes_for(rows, prof) + saturation_notes(sat, closed)), fit=fit)
+        notes=tuple(notes_for(rows, prof) + saturation_notes(sat, closed)
+                    + warmup_notes(rows, spec.calibrate_at_rate)), fit=fit)
