@@ -220,8 +220,10 @@ def test_validate_calibrates_each_rate_by_a_warm_up_at_that_rate_when_asked():
     assert set(r["closed_loop_profile"]) == set(r["compare"])  # the profile's, beside it
     assert any(n.startswith("at 100/s predicted with the batch times of a warm-up")
                for n in report["notes"])
-    # the warm-up's requests are not the measured run's
+    # the warm-up's requests are its own, half the run's, and accounted for
     assert r["measured"]["requests"] == 200
+    assert w["measured"]["requests"] == 100
+    assert w["measured"]["ok"] + w["measured"]["errors"] == 100
 
 
 def test_load_replays_a_trace_and_sweeps_a_rate_range(tmp_path):

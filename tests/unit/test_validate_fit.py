@@ -430,14 +430,23 @@ def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_cal
     from tests.conftest import rate_check
 
     fit = SizeFit({"1": 1.25, "2": 1.5}, {"1": 40, "2": 22}, 0.8, (1.0, 0.25))
-    rows = [with_(rate_check(100.0), warmup=fit), rate_check(400.0)]
+    failed = load_step(requests=100, ok=97, errors=3, errors_by_reason={"timeout": 3})
+    rows = [with_(rate_check(100.0), warmup=fit, warmup_measured=load_step()),
+            with_(rate_check(400.0), warmup_measured=failed), rate_check(800.0)]
     assert warmup_notes(rows, asked=False) == []
-    warm, none = warmup_notes(rows, asked=True)
+    warm, failures, none, not_run = warmup_notes(rows, asked=True)
     assert warm.startswith("at 100/s predicted with the batch times of a warm-up")
     assert "1: 1.250 ms, 2: 1.500 ms" in warm
     assert "x0.80" in warm
+    # every warm-up request is accounted for: its failures are named
+    assert failures.startswith("at 400/s the warm-up had 3 failed request(s) of 100")
+    assert "timeout" in failures
     assert none.startswith("at 400/s the warm-up ran no batch size 20 times")
+    assert not_run.startswith("at 800/s the warm-up ran no batch size")
     with pytest.raises(InputError, match=r"--calibrate-at-rate.*not with --calibrate"):
         ValidationSpec(serve="demo", calibrate=True, calibrate_at_rate=True)
-    assert rows[0].to_dict()["warmup"]["sizes_ms"] == {"1": 1.25, "2": 1.5}
-    assert rows[1].to_dict()["warmup"] is None
+    d = rows[0].to_dict()["warmup"]
+    assert d["sizes_ms"] == {"1": 1.25, "2": 1.5}
+    assert d["measured"]["requests"] == load_step().requests
+    assert rows[1].to_dict()["warmup"] == {"measured": failed.to_dict()}
+    assert rows[2].to_dict()["warmup"] is None

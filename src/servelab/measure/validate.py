@@ -339,8 +339,10 @@ class RateCheck:
     probe_drift: float = 1.0
     probe_ms: float | None = None
     # --calibrate-at-rate: the batch times of the warm-up run at this rate that the
-    # prediction used (None: the profile's; also when the warm-up ran no size often enough)
+    # prediction used (None: the profile's; also when the warm-up ran no size often
+    # enough), and what the warm-up measured (None: no warm-up ran)
     warmup: SizeFit | None = None
+    warmup_measured: LoadStep | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.given_measured_compute
@@ -351,7 +353,9 @@ class RateCheck:
                    else {"closed_loop_profile": checks_dict(self.closed_loop_profile)}),
                 "given_measured_compute": None if g is None else g.to_dict(),
                 "probe_drift": self.probe_drift, "probe_ms": self.probe_ms,
-                "warmup": None if self.warmup is None else self.warmup.to_dict()}
+                "warmup": None if self.warmup_measured is None else {
+                    **({} if self.warmup is None else self.warmup.to_dict()),
+                    "measured": self.warmup_measured.to_dict()}}
 
 
 @dataclass(slots=True)
@@ -951,7 +955,8 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     offsets = poisson_offsets(rate, n, seed)
     now = probe(t, one) if prof.probe is not None else None
-    warm = warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate else None
+    warm_step, warm = (warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate
+                       else (None, None))
     before = batch_stats(t)
     sent: list[np.ndarray] = []
     measured = LoadStep.of(measure_rate(
@@ -972,24 +977,26 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         # a size often enough, as they would replace the calibration's)
         given_measured_compute(t, sp, closed_loop or prof, in_run, offsets, seed, measured,
                                sent_s=sent[0] if sent else None),
-        drift, None if now is None else now.exec_ms, None if warm is None else warm[1])
+        drift, None if now is None else now.exec_ms, None if warm is None else warm[1],
+        warm_step)
 
 
 def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Profile,
-                   rate: float, n: int, seed: int) -> tuple[Profile, SizeFit] | None:
+                   rate: float, n: int, seed: int
+                   ) -> tuple[LoadStep, tuple[Profile, SizeFit] | None]:
     """--calibrate-at-rate: an open-loop run at `rate` of WARMUP_SHARE of the rate's `n`
-    requests (its own arrivals, seed + WARMUP_SEED), and `prof` with the batch times the
-    server showed in it (`with_sizes` as the diagnosis uses it: each size run
-    MIN_RUN_BATCHES times or more as measured, the others on the warm-up's line through
-    them). None where the server has no statistics or ran no size often enough."""
+    requests (its own arrivals, seed + WARMUP_SEED): what it measured, and `prof` with
+    the batch times the server showed in it (`with_sizes` as the diagnosis uses it: each
+    size run MIN_RUN_BATCHES times or more as measured, the others on the warm-up's line
+    through them), None where the server has no statistics or ran no size that often."""
     m = max(WARMUP_MIN, min(int(n * WARMUP_SHARE), n))
     before = batch_stats(t)
-    measure_rate(t, bodies, rate, m, seed + WARMUP_SEED, 256,
-                 offsets=poisson_offsets(rate, m, seed + WARMUP_SEED))
+    step = LoadStep.of(measure_rate(t, bodies, rate, m, seed + WARMUP_SEED, 256,
+                                    offsets=poisson_offsets(rate, m, seed + WARMUP_SEED)))
     after = batch_stats(t)
     if before is None or after is None:
-        return None
-    return with_sizes(prof, _delta(before, after), MIN_RUN_BATCHES, trend=True)
+        return step, None
+    return step, with_sizes(prof, _delta(before, after), MIN_RUN_BATCHES, trend=True)
 
 
 # An open-loop saturation under this share of the closed loop's rate is flagged: an open
@@ -1016,7 +1023,11 @@ def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
     out = []
     for r in rows:
         at = f"at {r.rate_per_s:g}/s"
-        w = r.warmup
+        w, m = r.warmup, r.warmup_measured
+        if m is not None and m.errors:
+            out.append(f"{at} the warm-up had {m.errors} failed request(s) of {m.requests} "
+                       f"(by reason: {cut(str(m.errors_by_reason), 200)}): its batch times "
+                       "are those of a server that failed some requests")
         if w is None:
             out.append(f"{at} the warm-up ran no batch size {MIN_RUN_BATCHES} times or more "
                        "(or the server keeps no statistics): predicted from the profile")
