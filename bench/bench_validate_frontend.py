@@ -67,7 +67,9 @@ def main() -> None:
     a = ap.parse_args()
     worst: dict[str, dict[str, float]] = {}
     for run in range(a.runs):
-        spec = ValidationSpec(serve="demo", duration_s=a.duration, seed=run)
+        # the profile's prediction, as the variants below remake it (not a warm-up's)
+        spec = ValidationSpec(serve="demo", duration_s=a.duration, seed=run,
+                              calibrate_at_rate=False)
         rep = run_validation(spec, say=lambda m: print(m, file=sys.stderr))
         prof = rep.profile
         print(f"run {run + 1} (seed {run}): saturation {rep.saturation_per_s:.0f}/s, closed "

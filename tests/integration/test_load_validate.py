@@ -172,7 +172,11 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
     for r in report["rates"]:
         assert r["measured"]["errors"] == 0
         assert r["compare"]["throughput_per_s"]["error"] == pytest.approx(0, abs=0.05)
-        assert "closed_loop_profile" not in r
+        # by default each rate is predicted from a warm-up at that rate (half its
+        # requests), the profile's own prediction beside it
+        assert r["warmup"]["measured"]["requests"] == r["requests"] // 2
+        assert r["warmup"]["measured"]["errors"] == 0
+        assert set(r["closed_loop_profile"]) == set(r["compare"])
 
 
 @pytest.mark.slow
@@ -196,16 +200,17 @@ def test_validate_calibrates_its_profile_under_open_loop_load_when_asked():
     [r] = report["rates"]
     assert set(r["closed_loop_profile"]) == set(r["compare"])  # the uncalibrated one too
     assert any("calibrated under open-loop load" in n for n in report["notes"])
+    assert r["warmup"] is None  # --calibrate turns the warm-up at each rate off
 
 
 @pytest.mark.slow
 def test_validate_calibrates_each_rate_by_a_warm_up_at_that_rate_when_asked():
-    """--calibrate-at-rate (issue 28, item 3): before the rate, a warm-up at the same rate
-    (half its requests); the server's batch times in it replace the profile's for that
-    rate's prediction, the profile's own prediction kept beside it."""
+    """--calibrate-at-rate (issue 28, item 3; the default): before the rate, a warm-up at
+    the same rate (half its requests); the server's batch times in it replace the
+    profile's for that rate's prediction, the profile's own prediction kept beside it."""
     out = subprocess.run(
         [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates", "100",
-         "--duration", "2", "--calibrate-at-rate", "--json"],
+         "--duration", "2", "--json"],
         capture_output=True, text=True, timeout=600)
     assert out.returncode in (0, 1), out.stderr[-3000:]  # 1: a figure missed
     report = json.loads(out.stdout)

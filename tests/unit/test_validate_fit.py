@@ -445,6 +445,10 @@ def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_cal
     assert not_run.startswith("at 800/s the warm-up ran no batch size")
     with pytest.raises(InputError, match=r"--calibrate-at-rate.*not with --calibrate"):
         ValidationSpec(serve="demo", calibrate=True, calibrate_at_rate=True)
+    # on by default, off with --calibrate or --no-calibrate-at-rate
+    assert ValidationSpec(serve="demo").at_rate
+    assert not ValidationSpec(serve="demo", calibrate=True).at_rate
+    assert not ValidationSpec(serve="demo", calibrate_at_rate=False).at_rate
     d = rows[0].to_dict()["warmup"]
     assert d["sizes_ms"] == {"1": 1.25, "2": 1.5}
     assert d["measured"]["requests"] == load_step().requests

@@ -231,12 +231,15 @@ def validate(
              "under open-loop load (the saturation search's steps, run before any measured "
              "rate; with --rates the search runs for this alone). For a server whose speed "
              "differs between a closed loop and open-loop traffic; on a machine the client "
-             "shares, the search's heavy steps can make it worse.")] = False,
-    calibrate_at_rate: Annotated[bool, typer.Option(
+             "shares, the search's heavy steps can make it worse. Turns "
+             "--calibrate-at-rate off.")] = False,
+    calibrate_at_rate: Annotated[bool | None, typer.Option(
+        "--calibrate-at-rate/--no-calibrate-at-rate",
         help="Before each rate, a warm-up run at that rate (half its requests, other "
              "arrivals); the server's batch times in it replace the profile's for that "
-             "rate's prediction (the profile's own is kept beside it). For a server whose "
-             "speed moves between profiling and the run. Not with --calibrate.")] = False,
+             "rate's prediction (the profile's own is kept beside it, as "
+             "closed_loop_profile). Default: on, unless --calibrate; the server's speed "
+             "under load often differs from its closed-loop profile's.")] = None,
     server_cpus: Annotated[str | None, typer.Option(
         help="With --serve: run the gateway on these CPUs alone (e.g. 0-3), as taskset -c "
              "would.")] = None,
