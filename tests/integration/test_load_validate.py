@@ -204,7 +204,7 @@ def test_validate_calibrates_its_profile_under_open_loop_load_when_asked():
 
 
 @pytest.mark.slow
-def test_validate_calibrates_each_rate_by_a_warm_up_at_that_rate_when_asked():
+def test_validate_calibrates_each_rate_by_a_warm_up_at_that_rate_by_default():
     """--calibrate-at-rate (issue 28, item 3; the default): before the rate, a warm-up at
     the same rate (half its requests); the server's batch times in it replace the
     profile's for that rate's prediction, the profile's own prediction kept beside it."""
