@@ -1,13 +1,13 @@
 """`validate --serve demo` three ways on the same measurements: issue 28's item 3, a
 profile that holds under load.
 
-Each run is one `validate --serve demo --calibrate-at-rate`: before each rate a warm-up
-run at that rate (half its requests, other arrivals), whose batch times the prediction
-takes in place of the closed-loop profile's. The same measurement of each rate is then
-scored three ways:
+Each run is one `validate --serve demo` (its warm-up at each rate on, as by default):
+before each rate a warm-up run at that rate (half its requests, other arrivals), whose
+batch times the prediction takes in place of the closed-loop profile's. The same
+measurement of each rate is then scored three ways:
 
 - **at rate**: validate's prediction with the warm-up's batch times;
-- **profile**: the closed-loop profile's, as `validate` predicts without the flag;
+- **profile**: the closed-loop profile's, as `validate --no-calibrate-at-rate` predicts;
 - **given the run's**: the diagnosis, the run's own batch times (not a prediction: what
   is left once the service time is exactly right).
 
@@ -43,8 +43,8 @@ from servelab.measure.validate import (  # noqa: E402
     run_validation,
 )
 
-SHARES = (0.2, 0.5, 0.8)  # validate's rates, as shares of its saturation
-P99_BAR = (0.20, 0.20, 0.30)  # issue 28's p99 tolerance at each share (--serve demo)
+# issue 28's p99 tolerance at validate's rates, 20%, 50% and 80% of saturation (--serve demo)
+P99_BAR = (0.20, 0.20, 0.30)
 TRITON_RATES = "100,250,400"  # the integration test's rates, each held to p99 within 20%
 WAYS = ("at rate", "profile", "given the run's")
 
