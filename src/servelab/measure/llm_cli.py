@@ -227,8 +227,9 @@ def validate(
     seed: Annotated[int, typer.Option(help="Seed for arrivals and prompts.")] = 0,
     reprofile: Annotated[bool, typer.Option(
         "--reprofile/--no-reprofile",
-        help="Profile the server again before each load step and once after the last, "
-             "and predict each step from the profiles just before and after it, the first "
+        help="Profile the server again before each load step but the first (the first "
+             "profile runs just before it) and once after the last, and predict each step "
+             "from the profiles just before and after it, the first "
              "profile's figures beside (a server's speed can move for minutes at a time); "
              "--no-reprofile predicts every step from the first profile (20-30 s a step "
              "faster against the test's llama-server).")] = True,

@@ -10,7 +10,9 @@ simulator's step model to it, load it, and set the prediction beside the measure
      TTFT; the client's TTFT less it, at the median, is the time outside the steps
      (HTTP, tokenizing, the wait for the server's next loop): `overhead_ms`;
    - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
-     mean gap between chunks in the middle of their streams (the median of three runs)
+     mean gap between chunks in the middle of their streams (the median of three runs;
+     with c of two or more the runs after the first send its prompts again, which the
+     server may take from its cache: the same KV is read, the prefill not paid again)
      is a step of c decodes reading their KV;
    - mixed: a prompt joining running decodes, the gap in a running stream that the
      prompt's first token ends (the steps a load makes; prefill alone put their fixed
@@ -23,15 +25,16 @@ simulator's step model to it, load it, and set the prediction beside the measure
      in relative error over those rows
      (10 ms decode steps beside 500 ms prefills: in plain ms the prefills set the
      intercept and the decodes came out 20% short against llama-server);
-3. **saturation**: the throughput with the server always full (a closed loop of twice
-   the slots), measured, and predicted by the simulator on the same lengths (with
-   `reprofile`, from the first profile and the one again before the first load step,
-   which bracket its run; the first's alone in a note);
+3. **saturation**, measured before the profile, since the load steps' rates follow
+   from it: the throughput with the server always full (a closed loop of twice the
+   slots), and predicted by the simulator on the same lengths from the profile measured
+   just after it;
 4. **load** at shares of it (default 30%, 60%, 85%), Poisson, and the simulator on the
    same intended arrival times and the lengths the server counted; TTFT and E2EL get the
    overhead added (it is outside the steps);
    By default (`reprofile`) the whole profile is measured again on new prompts before
-   each step and once after the last, and each step is predicted from the two profiles
+   each step but the first (the first profile ran just before it) and once after the
+   last, and each step is predicted from the two profiles
    around it (their rows pooled and fitted again), the first profile's figures kept
    beside (the server's speed moves for minutes at a time on shared machines: one
    profile just before a step took one TPOT p50 from -54% to +14% where the server had
@@ -787,10 +790,10 @@ def joined_gap(chunk_ns: np.ndarray, first_ns: int, prompt_ns: float = 0.0) -> i
 
 
 async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmRequest],
-                   what: str) -> RunRecords:
-    """The requests sent together; a StoreError naming the first failure, or a prompt
-    the server served from its cache (a profile of cached prompts times nothing: a
-    128-token prefill read as 8 ms where it took 190)."""
+                   what: str, cached_ok: bool = False) -> RunRecords:
+    """The requests sent together; a StoreError naming the first failure, or (unless
+    `cached_ok`) a prompt the server served from its cache (a profile of cached prompts
+    times nothing: a 128-token prefill read as 8 ms where it took 190)."""
     rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0, timeout_s=600,
                          ignore_eos=True)
     failed = [e for e in rec.errors if e]
@@ -798,7 +801,7 @@ async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmR
         raise StoreError(f"profile: {what} request failed ({failed[0]})")
     told = rec.cached_tokens >= 0
     cached = int(rec.cached_tokens[told].sum())
-    if cached > PROFILE_CACHED_SHARE * int(rec.prompt_tokens[told].sum()):
+    if not cached_ok and cached > PROFILE_CACHED_SHARE * int(rec.prompt_tokens[told].sum()):
         raise StoreError(f"profile: the server served {cached:,} of {what} request's prompt "
                          "tokens from its cache, so its steps cannot be timed; a validate "
                          "with the same --seed has run against this server: give another "
@@ -817,9 +820,15 @@ async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
     gaps = []
     extras = []
     for k in range(DECODE_REPEATS):
+        # two or more streams: the first run's prompts again, on the same slots, which the
+        # server may serve from its cache (a decode step reads the same KV either way, and
+        # the prompts' prefill, most of a profile's time, is not paid again); one stream
+        # new prompts each run, whose first steps after the prompt are timed too
+        again = c > 1 and k > 0
         reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
-                               tokens_per_word=tpw, seed=seed, first_index=index + k * c)
-        rec = await _at_once(session, ep, pinned(reqs, 0, pin), "a decode")
+                               tokens_per_word=tpw, seed=seed,
+                               first_index=index + (0 if again else k * c))
+        rec = await _at_once(session, ep, pinned(reqs, 0, pin), "a decode", cached_ok=again)
         gaps.append(float(np.median([_step_gap_ms(rec, i) for i in range(c)])))
         if c == 1:  # alone: its first steps follow its own prompt's step and nothing else
             extras.append(after_prefill_extra_ms(rec, 0))
@@ -1292,12 +1301,6 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         limits = await discover_limits(session, ep.base, rule, slots, ctx_per_slot, n_batch)
         say(f"limits: {limits.rule} with {limits.slots} slots of {limits.ctx_per_slot} tokens "
             f"({limits.source})")
-        profile = await profile_server(session, ep, limits, tpw, say, seed)
-        m = profile.model
-        say(f"fit: step = {m.base_ms:.3f} ms + {m.per_prefill_token_ms:.4f} ms/prefill token "
-            f"+ {m.per_decode_seq_ms:.3f} ms/decode seq + {m.per_kv_token_ms:.5f} ms/KV "
-            f"token + {m.multi_token_ms:.3f} ms a step of 2+ tokens; outside the steps "
-            f"{profile.overhead_ms:.2f} ms")
         first = 0
 
         def workload(n: int) -> list[Any]:
@@ -1313,37 +1316,48 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             if limits.rule is SchedulingRule.LLAMA_CPP:
                 await touch_slots(session, ep, limits.slots, tpw, next(touches), seed)
 
+        # the saturation run first: the load steps' rates follow from it, and the profile
+        # then runs just before the first step (with --reprofile, the first step's "before")
         conc = 2 * limits.slots
         await touch()
         rec = await run_step(session, ep, workload(num_prompts),
                              LoadPlan(max_concurrency=conc), seed=seed, timeout_s=600,
                              ignore_eos=True)
         kept = [rec]
-        sat_rec = rec
         sat_measured = compute(rec).request_throughput
         mean_in = float(rec.prompt_tokens[rec.ok].mean()) if rec.ok.any() else input_len
         mean_out = float(rec.output_tokens[rec.ok].mean()) if rec.ok.any() else output_len
+        say(f"saturation: {sat_measured:.2f} req/s measured")
+        profile = await profile_server(session, ep, limits, tpw, say, seed)
+        m = profile.model
+        say(f"fit: step = {m.base_ms:.3f} ms + {m.per_prefill_token_ms:.4f} ms/prefill token "
+            f"+ {m.per_decode_seq_ms:.3f} ms/decode seq + {m.per_kv_token_ms:.5f} ms/KV "
+            f"token + {m.multi_token_ms:.3f} ms a step of 2+ tokens; outside the steps "
+            f"{profile.overhead_ms:.2f} ms")
         sat_pred = saturation_predicted(rec, limits, profile, conc)
         saturation = Compared("saturation (req/s)", sat_pred, sat_measured,
                               TOLERANCE["saturation"])
-        say(f"saturation: {sat_measured:.2f} req/s measured, {sat_pred:.2f} predicted")
+        say(f"saturation: {sat_pred:.2f} req/s predicted from the profile just after its run")
         profiled = profile.one_decode_ms
 
         async def again(k: int) -> Profile:
             return await profile_server(session, ep, limits, tpw, lambda s: None, seed,
                                         REPROFILE_INDEX + k * REPROFILE_SPAN)
 
-        # measure every step first; --reprofile: the profile again before each step and
-        # once after the last (around[k] and around[k + 1] are step k's two)
+        # measure every step first; --reprofile: the profile again before each step but the
+        # first (the first profile ran just before it) and once after the last (around[k]
+        # and around[k + 1] are step k's two)
         done = []
-        around: list[Profile] = []
+        around: list[Profile] = [profile] if reprofile else []
         for k, share in enumerate(shares):
             rate = share * sat_measured
-            if reprofile:
+            if reprofile and k > 0:
                 around.append(await again(k))
                 probed = around[-1].one_decode_ms
                 say(f"profile again before {share:.0%}: a decode step "
                     f"{(probed - profiled) / profiled * 100:+.0f}% against the first")
+            elif reprofile:
+                probed = profiled
             else:
                 probed = await probe_decode_ms(session, ep, tpw,
                                                seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
@@ -1356,22 +1370,14 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
             done.append((share, rate, rec, counter_diff(before, after),
                          (probed - profiled) / profiled * 100))
             say(f"{share:.0%} of saturation ({rate:.2f}/s): {int(rec.ok.sum())} served")
-        report_notes: tuple[str, ...] = ()
+        report_notes = (f"saturation measured first (the steps' rates follow from it) and "
+                        f"predicted from the profile measured just after its run: "
+                        f"{sat_pred:.2f} req/s",)
         if reprofile:
             around.append(await again(len(shares)))
             say(f"profile again after the last step: a decode step "
                 f"{(around[-1].one_decode_ms - profiled) / profiled * 100:+.0f}% against "
                 "the first")
-            # the saturation run too, from the profiles just before and after it
-            both = saturation_predicted(sat_rec, limits, Profile.pooled(profile, around[0]),
-                                        conc)
-            report_notes = (f"saturation predicted from the profiles just before and after "
-                            f"its run (the first, and the one before the first load step): "
-                            f"{both:.2f} req/s; on the first profile alone {sat_pred:.2f} "
-                            f"({(sat_pred - sat_measured) / sat_measured * 100:+.1f}%)",)
-            saturation = Compared("saturation (req/s)", both, sat_measured,
-                                  TOLERANCE["saturation"])
-            say(f"saturation: {both:.2f} req/s predicted from the profiles around its run")
         rates = []
         for k, (share, rate, rec, counters, drift) in enumerate(done):
             now = profile
@@ -1416,11 +1422,12 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
 def saturation_predicted(rec: RunRecords, limits: ServerLimits, profile: Profile,
                          conc: int) -> float:
     """The saturation run's requests a second, simulated on its own lengths with the same
-    closed loop of `conc` clients. With `--reprofile` validate predicts it from the first
-    profile and the one measured again before the first load step, which bracket it, as
-    it predicts each load step from the two around it: on the Intel VM (2026-12-05) the
-    server's decode step ran 33% faster in the second than in the first, and the first
-    alone put saturation 13% short."""
+    closed loop of `conc` clients, from the first profile, which runs just after it.
+    (Until 2026-12-05 the profile ran first, the saturation run after it, and with
+    `--reprofile` the profile again before the first load step: four profiles for two
+    steps where three now bracket both; the saturation was predicted from the two
+    around it, as the server's decode step once ran 33% faster in the second than in
+    the first, which alone put saturation 13% short.)"""
     sim = simulate_same(rec, limits, profile, max_concurrency=conc)
     return int(rec.ok.sum()) / max(sim.end_s, 1e-9)
 
