@@ -21,7 +21,11 @@ host's steal and other processes' share of the CPUs (only a quiet run says anyth
 or SERVELAB_PYTRITON_PYTHON), at the test's rates 100, 250 and 400/s, held to issue 28's
 `--url` target: mean batch and p50 within 10%, p99 within 20% at every rate.
 
+`--server-cpus 1 --client-cpus 0` runs the gateway and the load generator on CPUs of
+their own, as `validate` takes them (on a 2-core machine: one each).
+
     python bench/bench_validate_calibrate.py [--runs 3] [--duration 5] [--triton]
+        [--server-cpus LIST --client-cpus LIST]
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.services import QUIET_OTHERS, QUIET_STEAL, HostUse  # noqa: E402
 
+from servelab.measure.process import parse_cpus  # noqa: E402
 from servelab.measure.validate import (  # noqa: E402
     ValidationSpec,
     run_validation,
@@ -66,12 +71,15 @@ def cell(c: dict[str, Any] | None) -> str:
                      else f"{k.split('_')[0]} n/a" for k in ("mean_batch", "p50_ms", "p99_ms"))
 
 
-def rates_of(run: int, duration: float, triton: bool) -> tuple[list[dict[str, Any]], float]:
+def rates_of(run: int, duration: float, triton: bool,
+             cpus: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
+             ) -> tuple[list[dict[str, Any]], float]:
     """One validate run's rates as validation.json writes them, and its saturation (0
-    with --triton's given rates)."""
+    with --triton's given rates); `cpus`: the server's and the client's, or None."""
     if not triton:
         spec = ValidationSpec(serve="demo", duration_s=duration, seed=run,
-                              calibrate_at_rate=True)
+                              calibrate_at_rate=True, server_cpus=cpus[0],
+                              client_cpus=cpus[1])
         rep = run_validation(spec, say=lambda m: print(m, file=sys.stderr))
         return [r.to_dict() for r in rep.rates], rep.saturation_per_s or 0.0
     from tests.integration.test_validate_triton import pytriton_python, run_against_triton
@@ -95,7 +103,14 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds a rate")
     ap.add_argument("--triton", action="store_true", help="validate --url against the "
                     "integration test's real Triton instead of --serve demo")
+    ap.add_argument("--server-cpus", help="the gateway's CPUs (validate --server-cpus)")
+    ap.add_argument("--client-cpus", help="the load generator's (validate --client-cpus)")
     a = ap.parse_args()
+    cpus = tuple(None if v is None else tuple(sorted(parse_cpus(flag, v)))
+                 for flag, v in (("--server-cpus", a.server_cpus),
+                                 ("--client-cpus", a.client_cpus)))
+    if a.triton and a.server_cpus:
+        sys.exit("--server-cpus: the gateway's; --triton starts Triton (pin it with taskset)")
     if not 1 <= a.runs <= 50:
         sys.exit(f"--runs {a.runs}: expected 1 to 50")
     if not 1 <= a.duration <= 600:
@@ -105,7 +120,7 @@ def main() -> None:
     rates = quiet = 0
     for run in range(a.runs):
         use = HostUse()
-        rows, sat = rates_of(run, a.duration, a.triton)
+        rows, sat = rates_of(run, a.duration, a.triton, (cpus[0], cpus[1]))
         steal, others = use.shares()
         is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
         quiet += is_quiet

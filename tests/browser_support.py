@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import sys
 from collections.abc import Iterator
+
+from servelab.measure.process import free_port
 
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -23,10 +24,6 @@ def chromium_path() -> str | None:
     return "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
