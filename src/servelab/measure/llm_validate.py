@@ -10,10 +10,8 @@ simulator's step model to it, load it, and set the prediction beside the measure
      TTFT; the client's TTFT less it, at the median, is the time outside the steps
      (HTTP, tokenizing, the wait for the server's next loop): `overhead_ms`;
    - decode: c requests at once (c = 1, 2, slots) after prompts of two lengths; the
-     mean gap between chunks in the middle of their streams (the median of three runs;
-     with c of two or more the runs after the first send its prompts again, which the
-     server may take from its cache: the same KV is read, the prefill not paid again)
-     is a step of c decodes reading their KV;
+     mean gap between chunks in the middle of their streams (the median of three runs,
+     each on new prompts) is a step of c decodes reading their KV;
    - mixed: a prompt joining running decodes, the gap in a running stream that the
      prompt's first token ends (the steps a load makes; prefill alone put their fixed
      cost 12-20 ms short);
@@ -790,10 +788,12 @@ def joined_gap(chunk_ns: np.ndarray, first_ns: int, prompt_ns: float = 0.0) -> i
 
 
 async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmRequest],
-                   what: str, cached_ok: bool = False) -> RunRecords:
-    """The requests sent together; a StoreError naming the first failure, or (unless
-    `cached_ok`) a prompt the server served from its cache (a profile of cached prompts
-    times nothing: a 128-token prefill read as 8 ms where it took 190)."""
+                   what: str) -> RunRecords:
+    """The requests sent together; a StoreError naming the first failure, or a prompt
+    the server served from its cache (a profile of cached prompts times nothing: a
+    128-token prefill read as 8 ms where it took 190; and decode rows whose prompts
+    came again from the slots' cache put 1.0-1.4 ms on each decode sequence where new
+    prompts, as a load sends, gave 0.26-0.65, 2026-12-05)."""
     rec = await run_step(session, ep, reqs, LoadPlan(rate=math.inf), seed=0, timeout_s=600,
                          ignore_eos=True)
     failed = [e for e in rec.errors if e]
@@ -801,7 +801,7 @@ async def _at_once(session: aiohttp.ClientSession, ep: Endpoint, reqs: list[LlmR
         raise StoreError(f"profile: {what} request failed ({failed[0]})")
     told = rec.cached_tokens >= 0
     cached = int(rec.cached_tokens[told].sum())
-    if not cached_ok and cached > PROFILE_CACHED_SHARE * int(rec.prompt_tokens[told].sum()):
+    if cached > PROFILE_CACHED_SHARE * int(rec.prompt_tokens[told].sum()):
         raise StoreError(f"profile: the server served {cached:,} of {what} request's prompt "
                          "tokens from its cache, so its steps cannot be timed; a validate "
                          "with the same --seed has run against this server: give another "
@@ -820,15 +820,9 @@ async def _decode_step_ms(session: aiohttp.ClientSession, ep: Endpoint, c: int,
     gaps = []
     extras = []
     for k in range(DECODE_REPEATS):
-        # two or more streams: the first run's prompts again, on the same slots, which the
-        # server may serve from its cache (a decode step reads the same KV either way, and
-        # the prompts' prefill, most of a profile's time, is not paid again); one stream
-        # new prompts each run, whose first steps after the prompt are timed too
-        again = c > 1 and k > 0
         reqs = random_requests(c, input_len=prompt_len, output_len=DECODE_TOKENS,
-                               tokens_per_word=tpw, seed=seed,
-                               first_index=index + (0 if again else k * c))
-        rec = await _at_once(session, ep, pinned(reqs, 0, pin), "a decode", cached_ok=again)
+                               tokens_per_word=tpw, seed=seed, first_index=index + k * c)
+        rec = await _at_once(session, ep, pinned(reqs, 0, pin), "a decode")
         gaps.append(float(np.median([_step_gap_ms(rec, i) for i in range(c)])))
         if c == 1:  # alone: its first steps follow its own prompt's step and nothing else
             extras.append(after_prefill_extra_ms(rec, 0))
