@@ -106,9 +106,9 @@ def main() -> None:
     ap.add_argument("--server-cpus", help="the gateway's CPUs (validate --server-cpus)")
     ap.add_argument("--client-cpus", help="the load generator's (validate --client-cpus)")
     a = ap.parse_args()
-    cpus = tuple(None if v is None else tuple(sorted(parse_cpus(flag, v)))
-                 for flag, v in (("--server-cpus", a.server_cpus),
-                                 ("--client-cpus", a.client_cpus)))
+    server_cpus, client_cpus = (None if v is None else tuple(sorted(parse_cpus(flag, v)))
+                                for flag, v in (("--server-cpus", a.server_cpus),
+                                                ("--client-cpus", a.client_cpus)))
     if a.triton and a.server_cpus:
         sys.exit("--server-cpus: the gateway's; --triton starts Triton (pin it with taskset)")
     if not 1 <= a.runs <= 50:
@@ -120,7 +120,7 @@ def main() -> None:
     rates = quiet = 0
     for run in range(a.runs):
         use = HostUse()
-        rows, sat = rates_of(run, a.duration, a.triton, (cpus[0], cpus[1]))
+        rows, sat = rates_of(run, a.duration, a.triton, (server_cpus, client_cpus))
         steal, others = use.shares()
         is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
         quiet += is_quiet

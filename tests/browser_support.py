@@ -24,8 +24,6 @@ def chromium_path() -> str | None:
     return "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
 
 
-
-
 @contextlib.contextmanager
 def running_lab(timeout_s: float = 60.0) -> Iterator[str]:
     """`servelab lab` in a subprocess, as a user starts it; yields its URL."""

@@ -1345,16 +1345,16 @@ async def run_validation(ep: Endpoint, *, rule: SchedulingRule = SchedulingRule.
         around: list[Profile] = [profile] if reprofile else []
         for k, share in enumerate(shares):
             rate = share * sat_measured
-            if reprofile and k > 0:
+            if not reprofile:
+                probed = await probe_decode_ms(session, ep, tpw,
+                                               seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
+            elif k == 0:
+                probed = profiled  # the first profile ran just before this step
+            else:
                 around.append(await again(k))
                 probed = around[-1].one_decode_ms
                 say(f"profile again before {share:.0%}: a decode step "
                     f"{(probed - profiled) / profiled * 100:+.0f}% against the first")
-            elif reprofile:
-                probed = profiled
-            else:
-                probed = await probe_decode_ms(session, ep, tpw,
-                                               seeded_index(PROBE_INDEX, seed) + 10 * k, seed)
             await touch()
             before = await read_metrics(session, ep.base)
             rec = await run_step(session, ep, workload(num_prompts), LoadPlan(rate=rate),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -58,8 +59,8 @@ def pin_this_process(cpus: frozenset[int]) -> None:
 # Ports for servers this process starts are drawn below the kernel's ephemeral range
 # (32768 and up on Linux), where outgoing connections take their local ports: a port the
 # kernel hands out as free (bind to 0) can be taken by any client's connection between
-# this check and the server's bind, which failed a gRPC test when two test workers ran
-# servers and clients at once (2026-12-05).
+# this check and the server's bind (the likely cause of a gRPC test refused a connection
+# while two test workers ran servers and clients at once, 2026-12-05).
 SERVER_PORTS = (20_000, 32_000)
 PORT_TRIES = 200
 
@@ -67,8 +68,6 @@ PORT_TRIES = 200
 def free_port() -> int:
     """A port free on every address for a server about to start, drawn at random below
     the ephemeral range (SERVER_PORTS); one the kernel picks if none of PORT_TRIES is."""
-    import random
-
     rng = random.Random()
     for _ in range(PORT_TRIES):
         port = rng.randrange(*SERVER_PORTS)
