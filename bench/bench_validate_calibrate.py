@@ -25,7 +25,7 @@ or SERVELAB_PYTRITON_PYTHON), at the test's rates 100, 250 and 400/s, held to is
 their own, as `validate` takes them (on a 2-core machine: one each).
 
     python bench/bench_validate_calibrate.py [--runs 3] [--duration 5] [--triton]
-        [--server-cpus LIST --client-cpus LIST]
+        [--server-cpus LIST --client-cpus LIST] [--answer-share X]
 """
 
 from __future__ import annotations
@@ -72,14 +72,15 @@ def cell(c: dict[str, Any] | None) -> str:
 
 
 def rates_of(run: int, duration: float, triton: bool,
-             cpus: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
-             ) -> tuple[list[dict[str, Any]], float]:
+             cpus: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
+             answer_share: float | None = None) -> tuple[list[dict[str, Any]], float]:
     """One validate run's rates as validation.json writes them, and its saturation (0
-    with --triton's given rates); `cpus`: the server's and the client's, or None."""
+    with --triton's given rates); `cpus`: the server's and the client's, or None;
+    `answer_share`: validate's --frontend-answer-share (None: its default)."""
     if not triton:
         spec = ValidationSpec(serve="demo", duration_s=duration, seed=run,
                               calibrate_at_rate=True, server_cpus=cpus[0],
-                              client_cpus=cpus[1])
+                              client_cpus=cpus[1], frontend_answer_share=answer_share)
         rep = run_validation(spec, say=lambda m: print(m, file=sys.stderr))
         return [r.to_dict() for r in rep.rates], rep.saturation_per_s or 0.0
     from tests.integration.test_validate_triton import pytriton_python, run_against_triton
@@ -105,6 +106,9 @@ def main() -> None:
                     "integration test's real Triton instead of --serve demo")
     ap.add_argument("--server-cpus", help="the gateway's CPUs (validate --server-cpus)")
     ap.add_argument("--client-cpus", help="the load generator's (validate --client-cpus)")
+    ap.add_argument("--answer-share", type=float, help="validate --frontend-answer-share "
+                    "(the gateway's event loop: the share of a request's cost that is its "
+                    "answer; default validate's)")
     a = ap.parse_args()
     server_cpus, client_cpus = (None if v is None else tuple(sorted(parse_cpus(flag, v)))
                                 for flag, v in (("--server-cpus", a.server_cpus),
@@ -120,7 +124,8 @@ def main() -> None:
     rates = quiet = 0
     for run in range(a.runs):
         use = HostUse()
-        rows, sat = rates_of(run, a.duration, a.triton, (server_cpus, client_cpus))
+        rows, sat = rates_of(run, a.duration, a.triton, (server_cpus, client_cpus),
+                             a.answer_share)
         steal, others = use.shares()
         is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
         quiet += is_quiet

@@ -68,6 +68,7 @@ FeWorkersOpt = Annotated[int | None, option("latency.frontend_workers")]
 FeCpuOpt = Annotated[float | None, option("latency.frontend_cpu_ms")]
 FeLoopOpt = Annotated[bool | None, option("latency.frontend_event_loop")]
 FeTurnOpt = Annotated[float | None, option("latency.frontend_turn_ms")]
+FeAnswerOpt = Annotated[float | None, option("latency.frontend_answer_ms")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")]
 
 
@@ -116,7 +117,8 @@ def simulate(
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
-    frontend_turn_ms: FeTurnOpt = None, as_json: JsonOpt = False,
+    frontend_turn_ms: FeTurnOpt = None, frontend_answer_ms: FeAnswerOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Simulate the scenario as given: batches, GPU, latency budget, cost."""
     s = _load(locals())
@@ -136,7 +138,8 @@ def plan(
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
-    frontend_turn_ms: FeTurnOpt = None, as_json: JsonOpt = False,
+    frontend_turn_ms: FeTurnOpt = None, frontend_answer_ms: FeAnswerOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """The fewest GPUs that meet the p99 SLO, what 1M inferences cost, the latency budget.
 
@@ -174,7 +177,8 @@ def sweep(
     price: PriceOpt = None, num_requests: NReqOpt = None, seed: SeedOpt = None,
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
-    frontend_turn_ms: FeTurnOpt = None, as_json: JsonOpt = False,
+    frontend_turn_ms: FeTurnOpt = None, frontend_answer_ms: FeAnswerOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Vary one parameter over a range: a table (and a CSV) of the key figures."""
     s = _load(locals())

@@ -404,14 +404,15 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
         notes.append("the instances cannot keep up: the queue grows for the whole run, "
                      "so latency depends on the run's length")
     if fe.size and counts["arrivals"] >= MIN_ARRIVALS_TO_JUDGE:
-        cap = lat.frontend_workers / lat.frontend_cpu_ms * 1e3  # requests/s it can pass
-        sent_s = span_s - float(fe[-1])  # the last request's arrival, before the station
+        cap = lat.frontend_workers / lat.frontend_ms * 1e3  # requests/s it can pass
+        sent_s = float(sim.sent_ns[-1]) / 1e9  # the last request's arrival, before it
         offered = counts["arrivals"] / sent_s if sent_s > 0 else 0.0
         if offered > 0.98 * cap:
             notes.append(f"the front end cannot keep up: {offered:,.0f} requests/s offered "
-                         f"to {lat.frontend_workers} worker(s) of {lat.frontend_cpu_ms:g} ms "
+                         f"to {lat.frontend_workers} worker(s) of {lat.frontend_ms:g} ms "
                          f"a request (at most {cap:,.0f}/s); its queue grows for the whole "
                          "run")
+
     b = s.batching
     if 0 < b.default_timeout_microseconds < b.max_queue_delay_microseconds:
         notes.append(f"default_timeout_microseconds ({b.default_timeout_microseconds:,} us) is "

@@ -553,11 +553,25 @@ class Latency:
         0.0, _num(0, MAX_MS), "An event loop's cost per turn (its poll and wake-up), "
         "beside each request's; needs frontend_event_loop.", unit="ms",
         flags=("--frontend-turn-ms",))
+    # An event loop also writes each answer: when a batch ends, its requests' answers are
+    # work the loop takes in time order beside new requests, so a loop busy answering
+    # hands the batcher more requests at once. A turn of k requests and m answers takes
+    # frontend_turn_ms + k x frontend_cpu_ms + m x frontend_answer_ms.
+    frontend_answer_ms: float = spec(
+        0.0, _num(0, MAX_MS), "A request's CPU time in the event loop when its batch ends "
+        "(its answer written); needs frontend_event_loop.", unit="ms",
+        flags=("--frontend-answer-ms",))
 
     @property
     def frontend(self) -> bool:
         """Whether requests pass a front-end station (workers and a cost both set)."""
-        return self.frontend_workers > 0 and self.frontend_cpu_ms > 0
+        return self.frontend_workers > 0 and (self.frontend_cpu_ms > 0
+                                              or self.frontend_answer_ms > 0)
+
+    @property
+    def frontend_ms(self) -> float:
+        """A request's whole CPU time in the front end (its parse and its answer)."""
+        return self.frontend_cpu_ms + self.frontend_answer_ms
 
     def median_p99_ms(self, part: str) -> tuple[float, float]:
         """A component's median and p99 (ms): from its samples when it has them."""
@@ -1009,6 +1023,12 @@ def _section(name: str, raw: Any) -> Any:
         raise invalid("[latency] frontend_turn_ms", values["frontend_turn_ms"],
                       "0 unless frontend_event_loop = true (a cost per turn is an event "
                       "loop's)", "set frontend_event_loop = true, or frontend_turn_ms = 0")
+    if name == "latency" and values.get("frontend_answer_ms", 0) > 0 and not values.get(
+            "frontend_event_loop"):
+        raise invalid("[latency] frontend_answer_ms", values["frontend_answer_ms"],
+                      "0 unless frontend_event_loop = true (answers are work an event loop "
+                      "takes between new requests; threads answer apart)",
+                      "set frontend_event_loop = true, or frontend_answer_ms = 0")
     if name == "hardware":
         overrides = tuple((f, values.pop(f)) for f in FIGURES if f in values)
         if "gpu" in values:

@@ -130,7 +130,7 @@ text_values = st.one_of(st.sampled_from(NASTY_NUMBERS), st.text(max_size=30),
 COMMON = ["--qps", "--max-queue-delay-us", "--max-batch-size", "--preferred-batch-size",
           "--max-queue-size", "--timeout-us", "--instances-per-gpu", "--gpu", "--num-gpus",
           "--price", "--seed", "--slo-ms", "--frontend-workers", "--frontend-cpu-ms",
-          "--frontend-turn-ms"]
+          "--frontend-turn-ms", "--frontend-answer-ms"]
 KV = ["--model", "--kv-dtype", "--weight-dtype", "--context", "--gpu", "--num-gpus", "--tp",
       "--gpu-memory-utilization", "--block-size"]
 COMMANDS: dict[tuple[str, ...], list[str]] = {
@@ -181,7 +181,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                     "--instances", "--model", "--url", "--seed", "--out", "--batcher-first",
                     "--server-cpus", "--client-cpus", "--no-calibrate", "--frontend-workers",
                     "--no-calibrate-at-rate",
-                    "--frontend-cpu-ms"],
+                    "--frontend-cpu-ms", "--frontend-answer-share"],
     # (no output paths here: a generated one would be written; the named cases hold them)
     ("llm", "fit"): ["--max-evals", "--tp", "--gpu-memory-utilization",
                      "--block-size", "--max-num-seqs", "--max-num-batched-tokens",

@@ -369,6 +369,41 @@ def test_the_front_end_takes_its_work_out_of_the_time_outside():
         0.75 * 0.3 / (2 * 0.25), rel=0.1)
 
 
+def test_an_answering_loop_gives_the_low_load_time_outside_again():
+    """Split into a parse and an answer (a turn of its own), an event loop's fitted cost
+    a request and a turn add up at low load to what the fit saw: a request alone pays
+    its parse and its answer and two half turns, and the time outside is the measured one
+    less exactly that."""
+    from servelab.api import run_simulate
+    from servelab.measure.load import Target
+    from servelab.measure.validate import (
+        ServerPolicy,
+        fit_scenario,
+        outside_after_frontend,
+        split_answer,
+    )
+    from servelab.scenario import BatchingPolicy
+
+    outside = np.full(200, 0.9)
+    loop = Profile(rows_ms={1: 1.0, 2: 1.2}, outside_ms=outside, frontend_workers=1,
+                   frontend_event_loop=True, frontend_cpu_ms=0.3, frontend_turn_ms=0.1)
+    split_answer(loop, 0.4)
+    assert (loop.frontend_cpu_ms, loop.frontend_answer_ms, loop.frontend_turn_ms) == (
+        pytest.approx(0.18), pytest.approx(0.12), pytest.approx(0.05))
+    assert np.allclose(outside_after_frontend(loop), 0.9 - 0.4, atol=1e-4)
+    t = Target("127.0.0.1", 8000, "m")
+    sp = ServerPolicy(BatchingPolicy(max_batch_size=2), 1, "flags")
+    fit = fit_scenario(t, sp, loop)
+    assert fit.latency.frontend_answer_ms == pytest.approx(0.12)
+    c = run_simulate(fit.with_overrides({"workload.qps": 5.0, "workload.num_requests": 500})
+                     ).latency.components
+    assert c["frontend"].p50_ms + c["network"].p50_ms == pytest.approx(0.9, abs=1e-3)
+    none = replace(loop, frontend_cpu_ms=0.3, frontend_answer_ms=0.0, frontend_turn_ms=0.1)
+    split_answer(none, 0.0)  # no answer: one turn a request, as fitted
+    assert (none.frontend_cpu_ms, none.frontend_turn_ms) == (0.3, 0.1)
+    assert fit_scenario(t, sp, none).latency.frontend_answer_ms == 0.0
+
+
 def test_the_front_ends_fitted_cost_is_held_to_what_the_profile_saw_it_pass():
     """The cost read at low load (the server's time beyond queue and compute) is a
     request's, unless the profile's closed loops had more requests a second answered

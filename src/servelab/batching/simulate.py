@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit
 
 from servelab.aside import aside
+from servelab.batching.answering import answering_run
 from servelab.batching.arrivals import arrival_draw
 from servelab.batching.engine import (
     MORE_ROOM,
@@ -253,6 +254,8 @@ class Simulation:
     fetch_s: np.ndarray  # per request; empty when the component is a constant (its median)
     network_s: np.ndarray
     frontend_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # empty: no station
+    # The front end's arrivals (the requests' own, before the station); empty: no station
+    sent_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 @njit(cache=True, nogil=True)
@@ -362,9 +365,11 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     slowest_ns = float(exec_ns.max()) * float(mult.max(initial=1.0))
     lat = s.latency
     # With a front-end station the batcher sees each request when it leaves the station.
-    cost_ns = round(lat.frontend_cpu_ms * 1e6) if lat.frontend else 0
-    turn_ns = round(lat.frontend_turn_ms * 1e6) if lat.frontend else 0
-    at_batcher = np.empty(n, np.int64) if cost_ns else arrivals.ns
+    station = lat.frontend
+    cost_ns = round(lat.frontend_cpu_ms * 1e6) if station else 0
+    turn_ns = round(lat.frontend_turn_ms * 1e6) if station else 0
+    answer_ns = round(lat.frontend_answer_ms * 1e6) if station else 0
+    at_batcher = np.empty(n, np.int64) if station else arrivals.ns
     passed = [0]  # requests through the front end (all checked) so far
 
     def draw(upto: int) -> None:  # each part checked before the engine runs on it
@@ -372,29 +377,50 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
         upto = min(upto, n)
         while passed[0] < upto:
             # every arrival known so far; a front end adds at most its cost to each
-            known = arrivals.drawn if cost_ns else upto
+            known = arrivals.drawn if station else upto
             check_time_range(int(arrivals.ns[known - 1]), known,
-                             slowest_ns + cost_ns + turn_ns, policy, n)
-            passed[0] = upto if not cost_ns else frontend_pass(
+                             slowest_ns + cost_ns + turn_ns + answer_ns, policy, n)
+            passed[0] = upto if not station else frontend_pass(
                 arrivals.ns, at_batcher, passed[0], upto, known, n, lat.frontend_workers,
                 cost_ns, lat.frontend_event_loop, turn_ns)
             if passed[0] < upto:  # an event loop's turn reaches past the arrivals drawn
                 arrivals.draw(known + max(known, 1024))
 
-    records = simulate_policy(
-        at_batcher,
-        exec_ns,
-        mult,
-        policy,
-        s.hardware.num_gpus * policy.instances_per_gpu,
-        seed=s.workload.seed,
-        draw=draw,
-    )
+    instances = s.hardware.num_gpus * policy.instances_per_gpu
+    if answer_ns:  # the loop's answers and the batcher run as one (see answering.py)
+        draw(n)
+        records, frontend_s = _answered(arrivals.ns, exec_ns, mult, policy, instances,
+                                        cost_ns, turn_ns, answer_ns, s.workload.seed)
+    else:
+        records = simulate_policy(at_batcher, exec_ns, mult, policy, instances,
+                                  seed=s.workload.seed, draw=draw)
+        frontend_s = (at_batcher - arrivals.ns) / 1e9 if station else np.zeros(0)
     return Simulation(
         scenario=s,
         service=service,
         records=records,
         fetch_s=_component(lat, "feature_fetch", n, fetch_rng),
         network_s=_component(lat, "network", n, net_rng),
-        frontend_s=((at_batcher - arrivals.ns) / 1e9 if cost_ns else np.zeros(0)),
+        frontend_s=frontend_s,
+        sent_ns=arrivals.ns if station else np.zeros(0, np.int64),
     )
+
+
+def _answered(sent_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarray,
+              policy: BatchingPolicy, num_instances: int, cost_ns: int, turn_ns: int,
+              answer_ns: int, seed: int) -> tuple[Records, np.ndarray]:
+    """The batcher behind an event loop that also writes the answers: its records and
+    each request's seconds in the loop (before the batcher, and from its batch's end to
+    its answer written; only the first for a request not served)."""
+    if multiplier.size != 1 and multiplier.size < sent_ns.size:
+        raise ValueError("need one service multiplier per possible batch (one per request), "
+                         "or one for all")
+    (status, batch, b_size, b_start, b_end, b_inst), at_ns, answered = answering_run(
+        sent_ns, cost_ns, turn_ns, answer_ns, exec_ns, multiplier, policy, num_instances,
+        seed)
+    records = Records(at_ns, status, batch, b_size, b_start, b_end, b_inst, num_instances,
+                      policy.default_timeout_microseconds * 1000)
+    served = batch >= 0
+    after = np.zeros(sent_ns.size, np.int64)
+    after[served] = answered[served] - b_end[batch[served]]
+    return records, (at_ns - sent_ns + after) / 1e9

@@ -258,6 +258,10 @@ def validate(
         help="The front end is one event loop that hands each turn's requests to the "
              "batcher together (default: with --serve, servelab's gateway; else threads).")
                                    ] = None,
+    frontend_answer_share: Annotated[float | None, typer.Option(
+        help="With an event loop: the share of a request's cost in it that is its answer, "
+             "written when its batch ends (default 0.4, as measured in servelab's gateway; "
+             "0: all of it before the batcher).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
                        ] = False,
 ) -> None:
@@ -281,7 +285,7 @@ def validate(
         client_cpus=tuple(sorted(parse_cpus("--client-cpus", client_cpus)))
         if client_cpus is not None else None,
         frontend_workers=frontend_workers, frontend_cpu_ms=frontend_cpu_ms,
-        frontend_event_loop=frontend_event_loop)
+        frontend_event_loop=frontend_event_loop, frontend_answer_share=frontend_answer_share)
 
     def say(message: str) -> None:
         if not as_json:

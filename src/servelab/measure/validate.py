@@ -375,6 +375,7 @@ class Profile:
     frontend_cpu_ms: float = 0.0
     frontend_event_loop: bool = False
     frontend_turn_ms: float = 0.0  # an event loop's cost per turn (see frontend_fit)
+    frontend_answer_ms: float = 0.0  # an event loop's cost per answer (see frontend_fit)
     # The most one-row requests a second any closed loop of the profile had answered: its
     # front end carried them, which bounds the front end's cost (see frontend_fit).
     closed_loop_per_s: float = 0.0
@@ -400,7 +401,8 @@ class Profile:
             "closed_loop_per_s": self.closed_loop_per_s,
             "frontend": {"workers": self.frontend_workers, "cpu_ms": self.frontend_cpu_ms,
                          "event_loop": self.frontend_event_loop,
-                         "turn_ms": self.frontend_turn_ms},
+                         "turn_ms": self.frontend_turn_ms,
+                         "answer_ms": self.frontend_answer_ms},
             "probe_ms": None if self.probe is None else self.probe.exec_ms,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "host_cpu_steal": self.host_cpu_steal,
@@ -650,11 +652,12 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
         "latency": {"network_samples_ms": outside_after_frontend(prof) if outside else [0.0],
                     "feature_fetch_ms": 0.0, "p99_slo_ms": 100.0},
     }
-    if outside and prof.frontend_workers and prof.frontend_cpu_ms:
+    if outside and prof.frontend_workers and (prof.frontend_cpu_ms or prof.frontend_answer_ms):
         raw["latency"].update(frontend_workers=prof.frontend_workers,
                               frontend_cpu_ms=round(prof.frontend_cpu_ms, 6),
                               frontend_event_loop=prof.frontend_event_loop,
-                              frontend_turn_ms=round(prof.frontend_turn_ms, 6))
+                              frontend_turn_ms=round(prof.frontend_turn_ms, 6),
+                              frontend_answer_ms=round(prof.frontend_answer_ms, 6))
     return scenario_from_dict(raw, base_dir=None)
 
 
@@ -673,6 +676,27 @@ def frontend_fit(prof: Profile) -> tuple[float, float]:
         return cost, 0.0
     per_request = min(cost, prof.frontend_workers * 1000.0 / prof.closed_loop_per_s)
     return per_request, (cost - per_request if prof.frontend_event_loop else 0.0)
+
+
+# The share of a request's time in servelab's gateway's event loop that is its answer
+# (the batch delivered, the response built and written, when its batch ends) rather
+# than its parse (the HTTP parse, the body read, the JSON parsed, the submit to the
+# batcher). Measured on 2026-12-05 by bench/gateway_loop_split.py (every loop callback
+# timed by side, the demo model at 330, 820 and 1,310/s on a 2-core AMD EPYC VM):
+# 0.139/0.389, 0.145/0.361 and 0.154/0.372 ms, so 0.36-0.41.
+ANSWER_SHARE = 0.4
+
+
+def split_answer(prof: Profile, share: float) -> None:
+    """An event loop's cost a request split into its parse and its answer (`share` of
+    it), which the loop writes when the request's batch ends. An answer is a turn of its
+    own (the batch's delivery wakes the loop), so at low load a request takes two turns
+    where the fit saw one: each turn gets half the fitted cost a turn, so the two add up
+    to the low-load cost again."""
+    cost = prof.frontend_cpu_ms
+    prof.frontend_cpu_ms, prof.frontend_answer_ms = cost * (1.0 - share), cost * share
+    if share > 0:
+        prof.frontend_turn_ms /= 2
 
 
 def frontend_fit_notes(prof: Profile) -> list[str]:
@@ -696,8 +720,11 @@ def outside_after_frontend(prof: Profile) -> list[float]:
     so at low load the two together give the measured time outside again."""
     if not prof.outside_ms.size:
         return [0.0]
-    # (frontend_fit gives a cost per turn to an event loop only)
-    cpu = prof.frontend_cpu_ms + prof.frontend_turn_ms if prof.frontend_workers else 0.0
+    # (frontend_fit gives a cost per turn and per answer to an event loop only; an
+    # answer takes a turn of its own, see split_answer)
+    turns = 2 if prof.frontend_answer_ms else 1
+    cpu = (prof.frontend_cpu_ms + turns * prof.frontend_turn_ms + prof.frontend_answer_ms
+           if prof.frontend_workers else 0.0)
     return [round(max(float(x) - cpu, 0.001), 4) for x in prof.outside_ms]
 
 
@@ -1054,9 +1081,13 @@ def notes_for(rows: list[RateCheck], prof: Profile | None = None) -> list[str]:
                      f"worker(s){' (an event loop)' if prof.frontend_event_loop else ''} at "
                      f"{prof.frontend_cpu_ms:.3f} ms a request"
                      + (f" and {prof.frontend_turn_ms:.3f} ms a turn"
-                        if prof.frontend_turn_ms else "") + ", before the batcher; the "
-                     "rest of the time outside (client, network) is measured at low load and "
-                     "does not grow with the rate")
+                        if prof.frontend_turn_ms else "") + ", before the batcher"
+                     + (f", and {prof.frontend_answer_ms:.3f} ms an answer in a turn of its "
+                        "own when its batch ends (the answer's share of the cost a request "
+                        "as measured in servelab's gateway, or --frontend-answer-share)"
+                        if prof.frontend_answer_ms else "")
+                     + "; the rest of the time outside (client, network) is measured at low "
+                     "load and does not grow with the rate")
     if prof is not None:
         notes.extend(prof.notes)
         if (prof.host_cpu_steal or 0) > STEAL_NOTE:
@@ -1193,8 +1224,16 @@ class ValidationSpec:
     frontend_workers: int | None = None  # None: 1 with --serve (servelab's gateway), else 0
     frontend_cpu_ms: float | None = None  # None: fitted (see frontend_fit)
     frontend_event_loop: bool | None = None  # None: with --serve (the gateway's asyncio loop)
+    # The share of an event loop's cost a request that is its answer (see
+    # split_answer); None: ANSWER_SHARE with an event loop
+    frontend_answer_share: float | None = None
 
     def __post_init__(self) -> None:
+        if self.frontend_answer_share is not None and not (
+                0.0 <= self.frontend_answer_share <= 1.0):
+            raise invalid("--frontend-answer-share", self.frontend_answer_share,
+                          "0 to 1 (the share of a request's cost in the event loop spent on "
+                          "its answer)", f"leave it out for {ANSWER_SHARE:g}")
         if self.frontend_workers is not None and not 0 <= self.frontend_workers <= (
                 MAX_FRONTEND_WORKERS):
             raise invalid("--frontend-workers", self.frontend_workers,
@@ -1350,9 +1389,14 @@ def run_validation(spec: ValidationSpec, *,
                 closed_prof.frontend_cpu_ms, closed_prof.frontend_turn_ms = frontend_fit(
                     closed_prof)
                 closed_prof.notes.extend(frontend_fit_notes(closed_prof))
+            if closed_prof.frontend_event_loop:
+                split_answer(closed_prof, ANSWER_SHARE if spec.frontend_answer_share is None
+                             else spec.frontend_answer_share)
             say(f"validate: front end {closed_prof.frontend_workers} worker(s)"
                 f"{' (an event loop)' if closed_prof.frontend_event_loop else ''}, "
                 f"{closed_prof.frontend_cpu_ms:.3f} ms a request"
+                + (f", {closed_prof.frontend_answer_ms:.3f} ms an answer"
+                   if closed_prof.frontend_answer_ms else "")
                 + (f", {closed_prof.frontend_turn_ms:.3f} ms a turn"
                    if closed_prof.frontend_turn_ms else ""))
         sat = closed = None
