@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from servelab.batching.simulate import simulate_policy
 from servelab.errors import InputError
-from servelab.measure.replay import left_behind_share, replay
+from servelab.measure.replay import IN_ORDER, left_behind_share, replay
 from servelab.scenario import BatchingPolicy
 from servelab.trace_file import read_trace
 
@@ -70,6 +70,29 @@ def test_a_trace_the_engine_made_replays_exactly_under_its_rule(tmp_path):
     # Triton's rule starts a batch while an older request waits for a later one
     assert report["rules"]["triton"]["left_behind_share"] > 0.2
     assert report["exec_ms_by_size"][1] == pytest.approx(2.3)
+
+
+def test_the_spread_in_its_order_replays_a_slow_stretch_that_resampling_loses(tmp_path):
+    """A server that runs slow for a stretch (batches 400-520 at 2.2x, as a shared CPU
+    does): its queue's tail comes from that stretch. Taken in the trace's order the
+    measured spread replays it exactly; resampled, the slow batches scatter over the run
+    and the tail comes out short."""
+    rng = np.random.default_rng(4)
+    arrivals = np.cumsum(rng.exponential(1e9 / 700, 3000)).astype(np.int64) + 10**12
+    table = np.zeros(9)
+    table[1:] = (2.0 + 0.3 * np.arange(1, 9)) * 1e6
+    mult = np.ones(3000)
+    mult[400:520] = 2.2
+    rec = simulate_policy(arrivals, table, mult, POLICY, 1)
+    path = write_trace(tmp_path / "t.json", rec.arrival_ns, rec.start_ns, rec.end_ns)
+    report = replay(read_trace([path]), POLICY, 1)
+    measured, rules = report["measured"], report["rules"]
+    assert report["batcher_first"] == 0.0  # no race drawn: the replay can be exact
+    in_order = rules[IN_ORDER]
+    for key in ("mean_batch", "queue_mean_ms", "queue_p50_ms", "queue_p90_ms",
+                "queue_p99_ms"):
+        assert in_order[key] == pytest.approx(measured[key], rel=1e-6), key
+    assert rules["triton, measured race, measured spread"]["error"]["queue_p99_ms"] < -0.2
 
 
 @pytest.mark.parametrize("share", [0.2, 0.4, 1.0])

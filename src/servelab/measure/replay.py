@@ -217,17 +217,30 @@ def race_share(tr: TraceRequests, max_batch_size: int, delay_ns: int, instances:
 
 
 RACE_SEEDS = 3  # draws of the races averaged for the rows that use the measured share
+# The diagnosis row: the measured spread in the trace's own order (see `_rule_on`). Not a
+# prediction: it replays the very moments the server ran slow.
+IN_ORDER = "triton, measured race, measured spread in its order"
 
 
 def _rule_on(tr: TraceRequests, policy: BatchingPolicy, table: np.ndarray, instances: int,
-             seeds: int = 1, spread: np.ndarray | None = None) -> dict[str, float]:
+             seeds: int = 1, spread: np.ndarray | None = None,
+             in_order: bool = False) -> dict[str, float]:
     """The engine on the trace's arrivals; figures averaged over `seeds` draws (of the
-    races, and of the per-batch spread resampled when it is given)."""
+    races, and of the per-batch spread resampled when it is given). `in_order`: the
+    spread is not resampled but taken in the trace's order, the k-th batch run at the
+    k-th measured batch's multiplier (1 past the trace's last), so the server's slow
+    stretches stay where they were, beside the arrivals they held up. The batches keep
+    step with the trace's while the rule forms the same ones; a drawn race can put
+    them out of step."""
     runs = []
     n = tr.queue_ns.size
     for seed in range(seeds):
-        mult = (np.ones(1) if spread is None else draw_multipliers(
-            Variability.EMPIRICAL, 0.0, n, np.random.default_rng(seed), tuple(spread)))
+        if spread is not None and in_order:
+            mult = np.ones(n)
+            mult[:min(n, spread.size)] = spread[:n]
+        else:
+            mult = (np.ones(1) if spread is None else draw_multipliers(
+                Variability.EMPIRICAL, 0.0, n, np.random.default_rng(seed), tuple(spread)))
         rec = simulate_policy(tr.queue_ns - tr.queue_ns[0], table, mult, policy,
                               instances, seed=seed)
         served = rec.start_ns >= 0
@@ -251,11 +264,12 @@ def replay(tr: TraceRequests, policy: BatchingPolicy, instances: int) -> dict[st
     share = round(share, 3)
     raced = replace(policy, batcher_first=share)
     rules: dict[str, Any] = {}
-    for name, pol, seeds, sp in (
-            ("triton", replace(policy, batcher_first=0.0), 1, None),
-            ("triton, measured race", raced, RACE_SEEDS, None),
-            ("triton, measured race, measured spread", raced, RACE_SEEDS, spread)):
-        got: dict[str, Any] = dict(_rule_on(tr, pol, table, instances, seeds, sp))
+    for name, pol, seeds, sp, in_order in (
+            ("triton", replace(policy, batcher_first=0.0), 1, None, False),
+            ("triton, measured race", raced, RACE_SEEDS, None, False),
+            ("triton, measured race, measured spread", raced, RACE_SEEDS, spread, False),
+            (IN_ORDER, raced, RACE_SEEDS, spread, True)):
+        got: dict[str, Any] = dict(_rule_on(tr, pol, table, instances, seeds, sp, in_order))
         got["error"] = {k: (got[k] - m) / m if m else None
                         for k, m in measured.items() if k != "batches"}
         rules[name] = got
