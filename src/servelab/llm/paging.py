@@ -313,7 +313,33 @@ def simulate_paging(
     def own_blocks_needed(tokens: int) -> int:
         return math.ceil(tokens / block_size) - prefix_full_blocks
 
+    # What the running sequences hold, kept as they change rather than summed each step
+    # (the replay's cost was that loop): their token states, min(allocated, final) and
+    # max(0, allocated - final) summed, with `final` and `allocated` counted past the
+    # shared prefix (see `held`).
+    held_len = held_cap = held_internal = 0
+    prefix_len = prefix_full_blocks * block_size if paged else 0
+
+    def held(s: _Seq) -> tuple[int, int]:
+        """A sequence's (min(allocated, final), max(0, allocated - final)) past the prefix."""
+        alloc = (len(s.blocks) * block_size) if paged else s.reserved
+        final_own = s.final - prefix_len
+        return min(alloc, final_own), max(0, alloc - final_own)
+
+    def hold(s: _Seq, sign: int) -> None:
+        nonlocal held_len, held_cap, held_internal
+        cap, internal = held(s)
+        held_len += sign * s.length
+        held_cap += sign * cap
+        held_internal += sign * internal
+
+    # The head of the queue that could not be admitted, until memory is freed: nothing
+    # else makes room (decode only takes more), so it is not tried again before then.
+    blocked_rid, freed = -1, False
+
     def free_seq(s: _Seq) -> None:
+        nonlocal freed
+        freed = True
         if paged:
             assert pool is not None
             pool.release(s.blocks)
@@ -380,6 +406,7 @@ def simulate_paging(
                 got = pool.allocate(1)
                 while got is None:
                     victim = running.pop()  # the most recently admitted
+                    hold(victim, -1)
                     free_seq(victim)
                     generated[victim.rid] = victim.length - int(work.prompt[victim.rid])
                     waiting.appendleft(victim.rid)
@@ -389,9 +416,13 @@ def simulate_paging(
                     got = pool.allocate(1)
                 if got is None:  # s preempted itself
                     continue
+                hold(s, -1)
                 s.blocks.extend(got)
+                hold(s, +1)
             s.length += 1
+            held_len += 1
             if s.length >= s.final:
+                hold(s, -1)
                 free_seq(s)
                 running.pop(i)
                 completed += 1
@@ -401,6 +432,9 @@ def simulate_paging(
         head_blocked_need = 0
         while waiting and len(running) < max_num_seqs:
             rid = waiting[0]
+            if rid == blocked_rid and not freed:  # as it was: still no room
+                head_blocked_need = 0 if paged else reservation(rid)
+                break
             too_long = (own_blocks_needed(int(final[rid])) + prefix_full_blocks > num_blocks
                         if paged else reservation(rid) > pool_tokens)
             if too_long:
@@ -410,19 +444,17 @@ def simulate_paging(
             seq = try_admit(rid)
             if seq is None:
                 head_blocked_need = 0 if paged else reservation(rid)
+                blocked_rid, freed = rid, False
                 break
             waiting.popleft()
             running.append(seq)
+            hold(seq, +1)
             admissions += 1
             wait_total += step - int(work.arrival_step[rid])
         # Where the memory is, this iteration.
-        tokens = reserved = internal = 0
-        for s in running:
-            alloc = (len(s.blocks) * block_size) if paged else s.reserved
-            own_len = s.length - (prefix_full_blocks * block_size if paged else 0)
-            tokens += own_len
-            reserved += min(alloc, s.final - (s.length - own_len)) - own_len
-            internal += max(0, alloc - (s.final - (s.length - own_len)))
+        tokens = held_len - prefix_len * len(running)  # each one's own token states
+        reserved = held_cap - tokens
+        internal = held_internal
         if paged and prefix_full_blocks and running:
             tokens += prefix_full_blocks * block_size
         free = (pool.num_free * block_size) if pool is not None else (
