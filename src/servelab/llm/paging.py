@@ -26,6 +26,7 @@ never both, never beyond the pool.
 from __future__ import annotations
 
 import csv
+import heapq
 import io
 import math
 from collections import deque
@@ -98,10 +99,7 @@ class FirstFitArena:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.holes: list[tuple[int, int]] = [(0, capacity)] if capacity > 0 else []  # (start, len)
-
-    @property
-    def num_free(self) -> int:
-        return sum(n for _, n in self.holes)
+        self.num_free = max(capacity, 0)  # the holes' total, kept as they change
 
     @property
     def largest_hole(self) -> int:
@@ -114,11 +112,13 @@ class FirstFitArena:
                     del self.holes[i]
                 else:
                     self.holes[i] = (start + n, length - n)
+                self.num_free -= n
                 return start
         return None
 
     def release(self, start: int, n: int) -> None:
         holes = self.holes
+        self.num_free += n
         i = 0
         while i < len(holes) and holes[i][0] < start:
             i += 1
@@ -239,10 +239,17 @@ def _finish(rng: np.random.Generator, n: int, rate: float, prompt: np.ndarray,
 class _Seq:
     rid: int
     final: int  # prompt + output
-    length: int = 0  # token states stored
+    length: int = 0  # token states stored when admitted
     start: int = -1  # contiguous: arena offset
     reserved: int = 0  # contiguous: slots reserved
     blocks: list[int] = field(default_factory=list)  # paged: own blocks
+    first_step: int = 0  # the first iteration it decodes in (it adds a token each one)
+    order: int = 0  # its admission's number: the running sequences' order
+    due: int = 0  # the iteration of its next event (a block needed, or its last token)
+
+    def length_at(self, step: int) -> int:
+        """Token states stored before iteration `step`'s decode."""
+        return self.length + step - self.first_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +274,11 @@ class PagingResult:
     steps: int
     mean_wait_steps: float | None  # None: nothing was admitted
     series: dict[str, list[float]]  # per sampled iteration, the shares above + concurrency
+
+
+SERIES_MAX = 100_000  # iterations kept for the series (sampled down to series_points)
+FREE = 4  # the "free" kind's place in a row
+IDLE_ROW = (0.0, 0.0, 0.0, 0.0, 1.0, 0.0)  # an iteration with nothing in the system
 
 
 def _pow2(n: int) -> int:
@@ -298,44 +310,62 @@ def simulate_paging(
     final = (work.prompt + work.output).astype(np.int64)
     generated = np.zeros(n, dtype=np.int64)  # kept across a preemption (recompute)
     waiting: deque[int] = deque()
-    running: list[_Seq] = []
+    # the running sequences by admission, oldest first (popitem() takes the most recent)
+    running: dict[int, _Seq] = {}
+    # (iteration, admission) of each running sequence's next event: the decode of every
+    # other sequence is one more token, counted for all at once (`length_at`, `held_base`)
+    events: list[tuple[int, int]] = []
+    admitted_so_far = 0
     nxt = completed = rejected = admissions = preemptions = 0
     wait_total = 0
     kinds = ("token", "reserved", "internal", "external", "free")
-    sums = dict.fromkeys(kinds, 0.0)
-    load_sums = dict.fromkeys(kinds, 0.0)
+    sums_k = [0.0] * len(kinds)  # each kind's share summed over the iterations
+    load_k = [0.0] * len(kinds)  # ... over those with a request waiting
     load_steps = 0
     watermark = math.ceil(0.01 * num_blocks)  # vLLM's default admission watermark (1%)
     conc_sum = conc_max = 0
-    series: dict[str, list[float]] = {k: [] for k in (*sums, "concurrency")}
+    rows: list[tuple[float, ...]] = []  # per iteration: the kinds' shares, concurrency
     step = 0
 
     def own_blocks_needed(tokens: int) -> int:
         return math.ceil(tokens / block_size) - prefix_full_blocks
 
     # What the running sequences hold, kept as they change rather than summed each step
-    # (the replay's cost was that loop): their token states, min(allocated, final) and
-    # max(0, allocated - final) summed, with `final` and `allocated` counted past the
-    # shared prefix (see `held`).
-    held_len = held_cap = held_internal = 0
+    # (the replay's cost was that loop): min(allocated, final) and max(0, allocated -
+    # final) summed, with `final` and `allocated` counted past the shared prefix; their
+    # token states after iteration j's decode are held_base + (j + 1) x len(running).
+    held_base = held_cap = held_internal = 0
     prefix_len = prefix_full_blocks * block_size if paged else 0
 
-    def held(s: _Seq) -> tuple[int, int]:
-        """A sequence's (min(allocated, final), max(0, allocated - final)) past the prefix."""
+    def hold(s: _Seq, sign: int) -> None:
+        """Add (+1) or take away (-1) a sequence's memory: its allocation past the prefix."""
+        nonlocal held_cap, held_internal
         alloc = (len(s.blocks) * block_size) if paged else s.reserved
         final_own = s.final - prefix_len
-        return min(alloc, final_own), max(0, alloc - final_own)
+        held_cap += sign * min(alloc, final_own)
+        held_internal += sign * max(0, alloc - final_own)
 
-    def hold(s: _Seq, sign: int) -> None:
-        nonlocal held_len, held_cap, held_internal
-        cap, internal = held(s)
-        held_len += sign * s.length
-        held_cap += sign * cap
-        held_internal += sign * internal
+    def next_event(s: _Seq, length: int) -> int:
+        """The iteration of its next event, from `length` states before `s.due`'s decode:
+        a block boundary (paged, before its last token), else its last token."""
+        last = s.final - 1  # the length before the decode that completes it
+        if paged:
+            boundary = -(-length // block_size) * block_size
+            if boundary < s.final:
+                last = min(last, boundary)
+        return s.first_step + (last - s.length)
+
+    def leave(s: _Seq) -> None:
+        """A running sequence leaves (done or preempted): its memory and its count go."""
+        nonlocal held_base
+        del running[s.order]
+        held_base -= s.length - s.first_step
+        hold(s, -1)
+        free_seq(s)
 
     # The head of the queue that could not be admitted, until memory is freed: nothing
     # else makes room (decode only takes more), so it is not tried again before then.
-    blocked_rid, freed = -1, False
+    blocked_rid, blocked_need, freed = -1, 0, False
 
     def free_seq(s: _Seq) -> None:
         nonlocal freed
@@ -388,27 +418,30 @@ def simulate_paging(
         if not running and not waiting and nxt < n and work.arrival_step[nxt] > step:
             # Nothing in the system until the next arrival: the pool is all free meanwhile.
             skip = min(int(work.arrival_step[nxt]), max_steps) - step
-            sums["free"] += skip
-            room = min(skip, 100_000 - len(series["token"]))
-            for key in series:
-                series[key].extend([1.0 if key == "free" else 0.0] * room)
+            sums_k[FREE] += skip
+            room = min(skip, SERIES_MAX - len(rows))
+            rows.extend([IDLE_ROW] * room)
             step += skip
             continue
         while nxt < n and work.arrival_step[nxt] <= step:
             waiting.append(nxt)
             nxt += 1
-        # Decode: every running sequence adds a token (oldest first).
-        i = 0
-        while i < len(running):
-            s = running[i]
-            if paged and s.length % block_size == 0 and s.length < s.final:
+        # Decode: every running sequence adds a token (oldest first). Only those with an
+        # event now need a turn of their own: a block at a boundary (which, when none is
+        # free, preempts the most recently admitted), or their last token.
+        while events and events[0][0] <= step:
+            _, order = heapq.heappop(events)
+            s = running.get(order)
+            if s is None or s.due != step:  # it left (done or preempted) since
+                continue
+            length = s.length_at(step)
+            if paged and length % block_size == 0 and length < s.final:
                 assert pool is not None
                 got = pool.allocate(1)
                 while got is None:
-                    victim = running.pop()  # the most recently admitted
-                    hold(victim, -1)
-                    free_seq(victim)
-                    generated[victim.rid] = victim.length - int(work.prompt[victim.rid])
+                    victim = running[next(reversed(running))]  # the most recently admitted
+                    leave(victim)
+                    generated[victim.rid] = victim.length_at(step) - int(work.prompt[victim.rid])
                     waiting.appendleft(victim.rid)
                     preemptions += 1
                     if victim is s:
@@ -419,21 +452,18 @@ def simulate_paging(
                 hold(s, -1)
                 s.blocks.extend(got)
                 hold(s, +1)
-            s.length += 1
-            held_len += 1
-            if s.length >= s.final:
-                hold(s, -1)
-                free_seq(s)
-                running.pop(i)
+            if length + 1 >= s.final:
+                leave(s)
                 completed += 1
                 continue
-            i += 1
+            s.due = next_event(s, length + 1)
+            heapq.heappush(events, (s.due, order))
         # Admit, first come first served, while memory and max_num_seqs allow.
         head_blocked_need = 0
         while waiting and len(running) < max_num_seqs:
             rid = waiting[0]
             if rid == blocked_rid and not freed:  # as it was: still no room
-                head_blocked_need = 0 if paged else reservation(rid)
+                head_blocked_need = blocked_need
                 break
             too_long = (own_blocks_needed(int(final[rid])) + prefix_full_blocks > num_blocks
                         if paged else reservation(rid) > pool_tokens)
@@ -443,15 +473,21 @@ def simulate_paging(
                 continue
             seq = try_admit(rid)
             if seq is None:
-                head_blocked_need = 0 if paged else reservation(rid)
+                head_blocked_need = blocked_need = 0 if paged else reservation(rid)
                 blocked_rid, freed = rid, False
                 break
             waiting.popleft()
-            running.append(seq)
+            seq.first_step, seq.order = step + 1, admitted_so_far
+            admitted_so_far += 1
+            running[seq.order] = seq
+            held_base += seq.length - seq.first_step
             hold(seq, +1)
+            seq.due = next_event(seq, seq.length)
+            heapq.heappush(events, (seq.due, seq.order))
             admissions += 1
             wait_total += step - int(work.arrival_step[rid])
         # Where the memory is, this iteration.
+        held_len = held_base + (step + 1) * len(running)
         tokens = held_len - prefix_len * len(running)  # each one's own token states
         reserved = held_cap - tokens
         internal = held_internal
@@ -463,25 +499,28 @@ def simulate_paging(
         free -= external
         used = tokens + reserved + internal + external + free
         assert used == capacity, (used, capacity)
-        parts = dict(zip(kinds, (tokens, reserved, internal, external, free), strict=True))
-        for key, v in parts.items():
-            sums[key] += v / capacity
+        shares = (tokens / capacity, reserved / capacity, internal / capacity,
+                  external / capacity, free / capacity)
+        for k, v in enumerate(shares):
+            sums_k[k] += v
         if waiting:
             load_steps += 1
-            for key, v in parts.items():
-                load_sums[key] += v / capacity
+            for k, v in enumerate(shares):
+                load_k[k] += v
         conc_sum += len(running)
         conc_max = max(conc_max, len(running))
-        if len(series["token"]) < 100_000:
-            for key, v in parts.items():
-                series[key].append(v / capacity)
-            series["concurrency"].append(float(len(running)))
+        if len(rows) < SERIES_MAX:
+            rows.append((*shares, float(len(running))))
         step += 1
         if on_progress is not None and step % 1000 == 0:
             on_progress(completed + rejected)
 
     steps = max(step, 1)
-    stride = max(1, len(series["token"]) // series_points)
+    stride = max(1, len(rows) // series_points)
+    sampled = rows[::stride]
+    series = {k: [r[i] for r in sampled] for i, k in enumerate((*kinds, "concurrency"))}
+    sums = dict(zip(kinds, sums_k, strict=True))
+    load_sums = dict(zip(kinds, load_k, strict=True))
     return PagingResult(
         strategy=strategy.value,
         pool_tokens=capacity,
@@ -501,5 +540,5 @@ def simulate_paging(
         preemptions=preemptions,
         steps=step,
         mean_wait_steps=wait_total / admissions if admissions else None,
-        series={k: v[::stride] for k, v in series.items()},
+        series=series,
     )
