@@ -313,13 +313,17 @@ def warm(app: FastAPI) -> None:
     charts, paging replay, the seed table, the LLM and drift sections' defaults), so a
     first visit paints at once; it also loads the simulator's compiled code."""
     s = _scenario(default_state(), app.state.config.data_dir)
-    for first in (LlmIn(state=default_state()), LlmIn(state=default_state(), sweep=True)):
-        _llm(first.model_dump_json(), app.state.config.data_dir)  # the page's first queries
-    app.state.drift_lab.ready()
-    _update(*_capped(s), s)
-    _charts(_capped(s)[0])
-    _paging(_pool_part(s), PAGING_REQUESTS, None, 0)  # the arguments the page sends
-    _seed_rows()
+    # The paging replay, the longest, runs in its worker process meanwhile (this thread
+    # only waits on it), with the arguments the page sends.
+    with ThreadPoolExecutor(max_workers=1) as aside:
+        paging = aside.submit(_paging, _pool_part(s), PAGING_REQUESTS, None, 0)
+        for first in (LlmIn(state=default_state()), LlmIn(state=default_state(), sweep=True)):
+            _llm(first.model_dump_json(), app.state.config.data_dir)  # the first queries
+        app.state.drift_lab.ready()
+        _update(*_capped(s), s)
+        _charts(_capped(s)[0])
+        _seed_rows()
+        paging.result()
 
 
 def _one_line_validation(exc: RequestValidationError, path: str) -> str:
