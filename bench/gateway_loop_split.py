@@ -118,28 +118,17 @@ def main() -> None:
     if not rates or not all(1 <= r <= 5000 for r in rates) or not 1 <= a.duration <= 60:
         sys.exit("--rates: 1 to 5000 each; --duration: 1 to 60 s")
     from servelab.gateway.demo import VALIDATION_MLP, write_mlp
-    from servelab.measure.process import free_port
+    from servelab.measure.process import free_port, server_process
 
     with tempfile.TemporaryDirectory(prefix="servelab-split-") as tmp:
         model = write_mlp(Path(tmp) / "mlp.onnx", **VALIDATION_MLP)
         out = Path(tmp) / "split.jsonl"
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            [sys.executable, __file__, "serve", "--model", f"mlp={model}", "--port",
-             str(port)], env={**os.environ, CHILD: str(out)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            load = [sys.executable, "-m", "servelab", "load", "--url", url, "-m", "mlp",
-                    "--json"]
-            for _ in range(120):
-                if subprocess.run(["curl", "-sf", f"{url}/v2/health/ready"],
-                                  capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.5)
-            else:
-                said = server.stderr.read()[-500:] if server.stderr else ""
-                sys.exit(f"the gateway did not start: {said}")
+        load = [sys.executable, "-m", "servelab", "load", "--url", url, "-m", "mlp", "--json"]
+        with server_process([sys.executable, __file__, "serve", "--model", f"mlp={model}",
+                             "--port", str(port)], f"{url}/v2/health/ready",
+                            env={**os.environ, CHILD: str(out)}) as server:
             subprocess.run([*load, "--qps", "300", "--duration", "3"], capture_output=True,
                            check=True)  # warm-up, not counted
             server.send_signal(signal.SIGUSR1)
@@ -149,9 +138,6 @@ def main() -> None:
                                capture_output=True, check=True)
                 server.send_signal(signal.SIGUSR1)
                 time.sleep(0.5)
-        finally:
-            server.terminate()
-            server.wait(30)
         lines = [json.loads(x) for x in out.read_text().splitlines()][1:]
     print("rate/s  requests  parse ms  answer ms  answer share  loop CPU ms  loop busy")
     for r, d in zip(rates, lines, strict=False):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from servelab.gateway.demo import VALIDATION_MLP, write_mlp  # noqa: E402
 from servelab.measure.load import metadata, parse_url  # noqa: E402
 from servelab.measure.loadgen import poisson_offsets, run_open_loop  # noqa: E402
-from servelab.measure.process import free_port  # noqa: E402
+from servelab.measure.process import free_port, server_process  # noqa: E402
 from servelab.measure.replay import IN_ORDER, replay  # noqa: E402
 from servelab.measure.validate import http_request, random_bodies  # noqa: E402
 from servelab.scenario import BatchingPolicy  # noqa: E402
@@ -44,28 +43,16 @@ def pct(a: np.ndarray) -> str:
 def one_run(model: Path, rate: float, duration: float, seed: int, folder: Path) -> None:
     port = free_port()
     trace = folder / f"trace_{seed}_{time.monotonic_ns()}.json"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "servelab", "serve", "--model", f"mlp={model}", "--port",
-         str(port), "--trace-file", str(trace)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            if subprocess.run(["curl", "-sf", f"{url}/v2/health/ready"],
-                              capture_output=True).returncode == 0:
-                break
-            time.sleep(0.5)
-        else:
-            sys.exit("the gateway did not start")
+    url = f"http://127.0.0.1:{port}"
+    with server_process([sys.executable, "-m", "servelab", "serve", "--model", f"mlp={model}",
+                         "--port", str(port), "--trace-file", str(trace)],
+                        f"{url}/v2/health/ready"):
         t = parse_url(url, "mlp")
         bodies = [b for b in random_bodies(metadata(t), 256, 0) if isinstance(b, bytes)]
         reqs = [http_request(t.host, t.port, "/v2/models/mlp/infer", b) for b in bodies]
         asyncio.run(run_open_loop(t.host, t.port, reqs, poisson_offsets(300, 900, 1)))
         res = asyncio.run(run_open_loop(t.host, t.port, reqs,
                                         poisson_offsets(rate, int(rate * duration), seed)))
-    finally:
-        server.terminate()
-        server.wait(30)
     tr = read_trace(sorted(folder.glob(trace.name + ".*")) or [trace])
     n = res.latency_ms.size
     order = np.argsort(tr.queue_ns)[-n:]  # the run's requests, after the warm-up's

@@ -38,6 +38,7 @@ from servelab.batching.engine import (
     _NEVER,
     DONE,
     S_NB,
+    check_multipliers,
     heap_pop,
     heap_push,
     new_records,
@@ -72,16 +73,12 @@ def _answering(sent_ns: np.ndarray, at_ns: np.ndarray, cost_ns: int, turn_ns: in
         if not done:
             if i < n:
                 at_ns[i] = max(sent_ns[i], free)  # the next turn's earliest start
-                code = run_batcher_triton(at_ns, exec_ns, multiplier, preferred, mbs,
-                                          delay_ns, num_instances, max_queue_size,
-                                          timeout_ns, records, state, i + 1,
-                                          batcher_first, seed, lost_wakeup)
-            else:
-                code = run_batcher_triton(at_ns, exec_ns, multiplier, preferred, mbs,
-                                          delay_ns, num_instances, max_queue_size,
-                                          timeout_ns, records, state, n + 1,
-                                          batcher_first, seed, lost_wakeup)
-                done = code == DONE
+            # every request through the loop: the engine runs to the end (_NEVER last)
+            code = run_batcher_triton(at_ns, exec_ns, multiplier, preferred, mbs, delay_ns,
+                                      num_instances, max_queue_size, timeout_ns, records,
+                                      state, min(i, n) + 1, batcher_first, seed,
+                                      lost_wakeup)
+            done = i >= n and code == DONE
             nb = state[0][S_NB]
             for b in range(seen, nb):
                 heap_push(ends, ids, pending, b_end[b], b)
@@ -120,6 +117,7 @@ def answering_run(sent_ns: np.ndarray, cost_ns: int, turn_ns: int, answer_ns: in
     served)). Its answer is written after every answer of an earlier request of its
     batch. `seed` as for `simulate.simulate_policy`."""
     n = sent_ns.size
+    check_multipliers(multiplier, n)
     preferred = np.zeros(policy.max_batch_size + 1, dtype=np.bool_)
     preferred[list(policy.effective_preferred)] = True
     at_ns = np.empty(n + 1, np.int64)

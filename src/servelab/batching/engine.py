@@ -87,6 +87,13 @@ def start_batch(t: int | np.int64, ids: np.ndarray, lo: int, size: int, nb: int,
     return int(done)
 
 
+def check_multipliers(multiplier: np.ndarray, n: int) -> None:
+    """A run of n requests takes one service multiplier per possible batch, or one."""
+    if multiplier.size != 1 and multiplier.size < n:
+        raise ValueError("need one service multiplier per possible batch (one per request), "
+                         "or one for all")
+
+
 _HUGE_PAGE = 1 << 21  # NumPy advises huge pages for arrays of twice this or more
 
 

@@ -20,6 +20,7 @@ from servelab.batching.engine import (
     S_NB,
     SERVED,
     TIMED_OUT,
+    check_multipliers,
     more_room,
     new_records,
     new_state,
@@ -161,9 +162,7 @@ def simulate_policy(
     """
     preferred = np.zeros(policy.max_batch_size + 1, dtype=np.bool_)
     preferred[list(policy.effective_preferred)] = True
-    if multiplier.size != 1 and multiplier.size < arrival_ns.size:
-        raise ValueError("need one service multiplier per possible batch (one per request), "
-                         "or one for all")
+    check_multipliers(multiplier, arrival_ns.size)
     n = arrival_ns.size
     if n >= 2**31:
         raise ValueError(f"{n:,} requests: the engines number requests in int32, so at most "
@@ -412,9 +411,6 @@ def _answered(sent_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarray,
     """The batcher behind an event loop that also writes the answers: its records and
     each request's seconds in the loop (before the batcher, and from its batch's end to
     its answer written; only the first for a request not served)."""
-    if multiplier.size != 1 and multiplier.size < sent_ns.size:
-        raise ValueError("need one service multiplier per possible batch (one per request), "
-                         "or one for all")
     (status, batch, b_size, b_start, b_end, b_inst), at_ns, answered = answering_run(
         sent_ns, cost_ns, turn_ns, answer_ns, exec_ns, multiplier, policy, num_instances,
         seed)

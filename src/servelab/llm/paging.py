@@ -310,7 +310,7 @@ def simulate_paging(
     final = (work.prompt + work.output).astype(np.int64)
     generated = np.zeros(n, dtype=np.int64)  # kept across a preemption (recompute)
     waiting: deque[int] = deque()
-    # the running sequences by admission, oldest first (popitem() takes the most recent)
+    # the running sequences by admission number, oldest first (the last: the most recent)
     running: dict[int, _Seq] = {}
     # (iteration, admission) of each running sequence's next event: the decode of every
     # other sequence is one more token, counted for all at once (`length_at`, `held_base`)
@@ -491,8 +491,8 @@ def simulate_paging(
         tokens = held_len - prefix_len * len(running)  # each one's own token states
         reserved = held_cap - tokens
         internal = held_internal
-        if paged and prefix_full_blocks and running:
-            tokens += prefix_full_blocks * block_size
+        if prefix_len and running:  # the shared prefix's states, held once
+            tokens += prefix_len
         free = (pool.num_free * block_size) if pool is not None else (
             arena.num_free if arena is not None else 0)
         external = free if (head_blocked_need and free >= head_blocked_need) else 0
