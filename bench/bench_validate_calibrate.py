@@ -6,7 +6,10 @@ before each rate a warm-up run at that rate (half its requests, other arrivals),
 batch times the prediction takes in place of the closed-loop profile's. The same
 measurement of each rate is then scored three ways:
 
-- **at rate**: validate's prediction with the warm-up's batch times;
+- **at rate**: validate's prediction with the warm-up's batch times and the stalls its
+  trace showed (measure/stall_fit.py);
+- **no stalls**: the same without the stalls (the warm-up's batch times as the server's
+  statistics count them), where the warm-up showed any;
 - **profile**: the closed-loop profile's, as `validate --no-calibrate-at-rate` predicts;
 - **given the run's**: the diagnosis, the run's own batch times (not a prediction: what
   is left once the service time is exactly right).
@@ -51,7 +54,7 @@ from servelab.measure.validate import (  # noqa: E402
 # issue 28's p99 tolerance at validate's rates, 20%, 50% and 80% of saturation (--serve demo)
 P99_BAR = (0.20, 0.20, 0.30)
 TRITON_RATES = "100,250,400"  # the integration test's rates, each held to p99 within 20%
-WAYS = ("at rate", "profile", "given the run's")
+WAYS = ("at rate", "no stalls", "profile", "given the run's")
 
 
 def met(c: dict[str, Any], p99_bar: float) -> bool:
@@ -141,8 +144,15 @@ def main() -> None:
                   f"x{r['probe_drift']:.2f}, warm-up "
                   f"x{w.get('profile_scale', float('nan')):.2f}, run "
                   f"x{g['profile_scale'] if g else float('nan'):.2f} of the profile")
+            wm, st = w.get("measured"), w.get("stalls")
+            if wm is not None:
+                print(f"    warm-up: p50 {wm['p50_ms']:.2f} ms, p99 {wm['p99_ms']:.2f} ms"
+                      + ("" if not st else f"; {st['stalls']} stalls in {st['batches']} "
+                         f"batches ({st['per_s']:.1f}/s, "
+                         f"{st['share_of_batch_time']:.1%} of their time)"))
             calibrated = "sizes_ms" in w
             each = {"at rate": r["compare"] if calibrated else None,
+                    "no stalls": r.get("without_stalls"),
                     "profile": r["closed_loop_profile"] if calibrated else r["compare"],
                     "given the run's": g["compare"] if g else None}
             rates += 1

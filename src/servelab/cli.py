@@ -69,6 +69,8 @@ FeCpuOpt = Annotated[float | None, option("latency.frontend_cpu_ms")]
 FeLoopOpt = Annotated[bool | None, option("latency.frontend_event_loop")]
 FeTurnOpt = Annotated[float | None, option("latency.frontend_turn_ms")]
 FeAnswerOpt = Annotated[float | None, option("latency.frontend_answer_ms")]
+StallsOpt = Annotated[float | None, option("latency.stalls_per_s")]
+StallMsOpt = Annotated[float | None, option("latency.stall_ms")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")]
 
 
@@ -118,7 +120,7 @@ def simulate(
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
     frontend_turn_ms: FeTurnOpt = None, frontend_answer_ms: FeAnswerOpt = None,
-    as_json: JsonOpt = False,
+    stalls_per_s: StallsOpt = None, stall_ms: StallMsOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Simulate the scenario as given: batches, GPU, latency budget, cost."""
     s = _load(locals())
@@ -139,7 +141,7 @@ def plan(
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
     frontend_turn_ms: FeTurnOpt = None, frontend_answer_ms: FeAnswerOpt = None,
-    as_json: JsonOpt = False,
+    stalls_per_s: StallsOpt = None, stall_ms: StallMsOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """The fewest GPUs that meet the p99 SLO, what 1M inferences cost, the latency budget.
 
@@ -178,7 +180,7 @@ def sweep(
     slo_ms: SloOpt = None, frontend_workers: FeWorkersOpt = None,
     frontend_cpu_ms: FeCpuOpt = None, frontend_event_loop: FeLoopOpt = None,
     frontend_turn_ms: FeTurnOpt = None, frontend_answer_ms: FeAnswerOpt = None,
-    as_json: JsonOpt = False,
+    stalls_per_s: StallsOpt = None, stall_ms: StallMsOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Vary one parameter over a range: a table (and a CSV) of the key figures."""
     s = _load(locals())

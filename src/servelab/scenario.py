@@ -31,6 +31,8 @@ MAX_REQUESTS = 5_000_000  # about 115 MB at peak (23 bytes a request); enough fo
 MAX_BATCH = 1 << 16
 MAX_GPUS = 100_000
 MAX_MS = 3_600_000.0  # one hour, for any single latency or batch time
+MAX_STALLS_PER_S = 1_000.0  # how often a server may stall, per second
+MAX_STALL_MS = 60_000.0  # one stall's length
 MAX_FRONTEND_WORKERS = 1024  # a front end's threads (Triton's HTTP default is 8)
 MAX_TIMEOUT_US = 86_400_000_000  # one day
 MAX_CV = 100.0
@@ -562,6 +564,30 @@ class Latency:
         "(its answer written); needs frontend_event_loop.", unit="ms",
         flags=("--frontend-answer-ms",))
 
+    # The whole server pausing now and then (batching/stalls.py): its front end, batcher
+    # and model stop together, so a stall both slows its batch and bunches the arrivals
+    # that came during it. Starts are a Poisson process on the server's own clock.
+    stalls_per_s: float = spec(
+        0.0, _num(0, MAX_STALLS_PER_S), "How often the whole server stalls (a garbage "
+        "collection, the OS taking its core), per second of its running time; 0: never.",
+        unit="stalls/s", flags=("--stalls-per-s",))
+    stall_ms: float = spec(
+        0.0, _num(0, MAX_STALL_MS), "A stall's length, when stall_samples_ms is empty.",
+        unit="ms", flags=("--stall-ms",))
+    stall_samples_ms: tuple[float, ...] = spec(
+        (), _samples(0.0, MAX_STALL_MS, "stall lengths in ms"), "Measured stall lengths, "
+        "resampled (servelab validate reads them from the server's trace).", unit="ms")
+
+    @property
+    def stalls(self) -> bool:
+        """Whether the server stalls (a rate and a length both set)."""
+        return self.stalls_per_s > 0 and (bool(self.stall_samples_ms) or self.stall_ms > 0)
+
+    @property
+    def stall_lengths_ms(self) -> tuple[float, ...]:
+        """The lengths a stall draws from."""
+        return self.stall_samples_ms or (self.stall_ms,)
+
     @property
     def frontend(self) -> bool:
         """Whether requests pass a front-end station (workers and a cost both set)."""
@@ -1029,6 +1055,11 @@ def _section(name: str, raw: Any) -> Any:
                       "0 unless frontend_event_loop = true (answers are work an event loop "
                       "takes between new requests; threads answer apart)",
                       "set frontend_event_loop = true, or frontend_answer_ms = 0")
+    if name == "latency" and values.get("stalls_per_s", 0) > 0 and not (
+            values.get("stall_ms", 0) > 0 or any(values.get("stall_samples_ms", ()))):
+        raise invalid("[latency] stalls_per_s", values["stalls_per_s"],
+                      "a stall length as well (stall_ms above 0, or stall_samples_ms with a "
+                      "length above 0)", "set stall_ms = 5 (say), or stalls_per_s = 0")
     if name == "hardware":
         overrides = tuple((f, values.pop(f)) for f in FIGURES if f in values)
         if "gpu" in values:

@@ -126,6 +126,9 @@ def _requests(field: str, stamps: dict[Any, dict[str, int]], names: dict[Any, st
 
 
 TRACE_EVERY = 500  # requests per numbered file, as Triton's log_frequency
+# ... or fewer: what has waited this long since the last file is written with the next
+# request, so a reader (validate's stall fit) finds a run's requests soon after it
+FLUSH_AFTER_NS = 500_000_000
 
 
 class TraceWriter:
@@ -144,6 +147,7 @@ class TraceWriter:
         self.events: list[dict[str, Any]] = []
         self.count = 0  # requests traced
         self.files = 0  # files written
+        self._since_ns: int | None = None  # the first request not yet written (its end)
 
     def add(self, model: str, queued_ns: int, started_ns: int, done_ns: int) -> None:
         """One answered request (monotonic nanoseconds)."""
@@ -154,7 +158,9 @@ class TraceWriter:
             {"name": "COMPUTE_START", "ns": started_ns},
             {"name": "COMPUTE_END", "ns": done_ns}]})
         self.count += 1
-        if len(self.events) >= self.every:
+        if self._since_ns is None:
+            self._since_ns = done_ns
+        if len(self.events) >= self.every or done_ns - self._since_ns >= FLUSH_AFTER_NS:
             self.flush()
 
     def flush(self) -> None:
@@ -167,3 +173,4 @@ class TraceWriter:
         tmp.replace(target)
         self.files += 1
         self.events = []
+        self._since_ns = None

@@ -184,8 +184,16 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
         assert all(n >= 20 for n in w["batches"].values())
         assert w["sizes_ms"]["1"] > 0
         assert set(r["closed_loop_profile"]) == set(r["compare"])
+        # ... and the stalls in the warm-up's batches are read from the gateway's trace
+        # (the run's requests written within half a second): every batch of the warm-up
+        st = w["stalls"]
+        assert st is not None
+        assert st["batches"] >= r["requests"] // 2 // 32
+        assert (st["stalls"] > 0) == ("without_stalls" in r)
         rate = f"{r['rate_per_s']:g}"
         assert any(n.startswith(f"at {rate}/s predicted with the batch times of a warm-up")
+                   for n in report["notes"]), report["notes"]
+        assert any(n.startswith(f"at {rate}/s the warm-up's trace showed")
                    for n in report["notes"]), report["notes"]
     # 200 requests at 100/s: batches of one request, far more than 20 of them
     assert report["rates"][0]["warmup"]["batches"]["1"] >= 20

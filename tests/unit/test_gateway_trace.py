@@ -31,6 +31,19 @@ def test_numbered_files_that_replay_trace_reads_back(tmp_path):
     assert len(list(tmp_path.glob("t.json.*"))) == 3
 
 
+def test_a_file_is_written_half_a_second_after_its_first_request(tmp_path):
+    """Fewer than `every` requests are written once the first of them is 0.5 s old,
+    with the next request (validate reads a warm-up's requests from the trace)."""
+    w = TraceWriter(tmp_path / "t.json", every=500)
+    for ms in (0, 100, 499):
+        w.add("m", ms * 10**6, ms * 10**6 + 10, ms * 10**6 + 20)
+    assert not list(tmp_path.glob("t.json.*"))
+    w.add("m", 500 * 10**6, 500 * 10**6 + 10, 500 * 10**6 + 20)
+    assert [len(json.loads(f.read_text())) for f in tmp_path.glob("t.json.*")] == [4]
+    w.add("m", 600 * 10**6, 600 * 10**6 + 10, 600 * 10**6 + 20)  # the clock starts again
+    assert len(list(tmp_path.glob("t.json.*"))) == 1
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.integers(-5, 3_000_000))
 def test_the_limit_is_checked(limit):

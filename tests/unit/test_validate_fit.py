@@ -487,5 +487,50 @@ def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_cal
     d = rows[0].to_dict()["warmup"]
     assert d["sizes_ms"] == {"1": 1.25, "2": 1.5}
     assert d["measured"]["requests"] == load_step().requests
-    assert rows[1].to_dict()["warmup"] == {"measured": failed.to_dict()}
+    assert rows[1].to_dict()["warmup"] == {"measured": failed.to_dict(), "stalls": None}
     assert rows[2].to_dict()["warmup"] is None
+
+
+def test_the_warm_ups_stalls_are_read_from_the_gateways_trace_and_simulated(tmp_path):
+    """validate reads the stalls of the requests that entered the gateway's queue during
+    the warm-up (its trace files, by the monotonic clock), and the fitted scenario
+    simulates them; the batch times it takes have the stalls taken out."""
+    from servelab.measure.load import Target
+    from servelab.measure.validate import (
+        MIN_RUN_BATCHES,
+        ServerPolicy,
+        fit_scenario,
+        trace_stalls,
+        with_sizes,
+    )
+    from servelab.scenario import BatchingPolicy
+    from servelab.trace_file import TraceWriter
+
+    ms = 1_000_000
+    w = TraceWriter(tmp_path / "trace", every=50)
+    for i in range(300):  # one-request batches of 1 ms every 10 ms; every 30th takes 6 ms
+        t0 = i * 10 * ms
+        w.add("m", t0, t0, t0 + (6 if i % 30 == 29 else 1) * ms)
+    w.flush()
+    (tmp_path / "trace.7.tmp").write_text("[")  # a file being written: not read
+    fit = trace_stalls(tmp_path, "m", 1_000 * ms, 2_995 * ms)  # requests 100 to 299
+    assert fit is not None
+    assert fit.batches == 200
+    assert fit.stalls == 7
+    assert fit.lengths_ms == pytest.approx((5.0,) * 7)
+    assert fit.per_s == pytest.approx(7 / 0.2)  # over 200 ms of batches without stalls
+    assert fit.clean == {1: (200, 200 * ms)}
+    assert trace_stalls(tmp_path, "m", 5_000 * ms, 6_000 * ms) is None  # nothing then
+    t = Target("127.0.0.1", 1, "m")
+    sp = ServerPolicy(BatchingPolicy(max_batch_size=2), 1, "flags")
+    prof = Profile(rows_ms={1: 1.5, 2: 2.0}, outside_ms=np.full(100, 0.5))
+    got = with_sizes(prof, fit.clean, MIN_RUN_BATCHES)
+    assert got is not None
+    stalled = got[0]
+    stalled.stalls = fit
+    sc = fit_scenario(t, sp, stalled)
+    assert sc.latency.stalls_per_s == pytest.approx(35.0)
+    assert sc.latency.stall_samples_ms == (5.0,) * 7
+    assert dict(sc.model.points)[1] == pytest.approx(1.0)  # the 1 ms without the stalls
+    assert not fit_scenario(t, sp, stalled, outside=False).latency.stalls
+    assert not fit_scenario(t, sp, prof).latency.stalls

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -31,6 +31,7 @@ from servelab.batching.service import (
     draw_multipliers,
     exec_table_ns,
 )
+from servelab.batching.stalls import Stalls
 from servelab.batching.triton_engine import run_batcher_triton
 from servelab.errors import InputError
 from servelab.scenario import BatchingPolicy, Latency, Scenario, Variability
@@ -353,16 +354,24 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
                                       s.resolve_path)
     # Independent streams per purpose, so changing one part of the scenario does
     # not reshuffle the draws of another (common random numbers across a sweep).
-    arr_rng, svc_rng, fetch_rng, net_rng = (
-        np.random.default_rng(seq) for seq in np.random.SeedSequence(s.workload.seed).spawn(4)
+    # (spawn(5)'s first four are spawn(4)'s: a scenario without stalls draws as before)
+    arr_rng, svc_rng, fetch_rng, net_rng, stall_rng = (
+        np.random.default_rng(seq) for seq in np.random.SeedSequence(s.workload.seed).spawn(5)
     )
     arrivals = arrival_draw(s.workload, arr_rng, s.resolve_path)
     n = arrivals.size
+    lat = s.latency
+    stalls, real_ns = None, arrivals.ns
+    if lat.stalls:  # the server runs on its own clock (see stalls.py): arrivals go in
+        arrivals.draw(n)
+        Stalls.expected(lat.stalls_per_s, float(arrivals.ns[-1]), "[latency] stalls_per_s")
+        stalls = Stalls(lat.stalls_per_s, lat.stall_lengths_ms, stall_rng)
+        real_ns = arrivals.ns.copy()
+        arrivals.ns[:] = stalls.to_server(real_ns)
     mult = (np.ones(1) if s.model.variability is Variability.DETERMINISTIC else
             draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers))
     exec_ns = exec_table_ns(service, policy.max_batch_size)
     slowest_ns = float(exec_ns.max()) * float(mult.max(initial=1.0))
-    lat = s.latency
     # With a front-end station the batcher sees each request when it leaves the station.
     station = lat.frontend
     cost_ns = round(lat.frontend_cpu_ms * 1e6) if station else 0
@@ -389,11 +398,14 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     if answer_ns:  # the loop's answers and the batcher run as one (see answering.py)
         draw(n)
         records, frontend_s = _answered(arrivals.ns, exec_ns, mult, policy, instances,
-                                        cost_ns, turn_ns, answer_ns, s.workload.seed)
+                                        cost_ns, turn_ns, answer_ns, s.workload.seed,
+                                        stalls, real_ns)
     else:
         records = simulate_policy(at_batcher, exec_ns, mult, policy, instances,
                                   seed=s.workload.seed, draw=draw)
-        frontend_s = (at_batcher - arrivals.ns) / 1e9 if station else np.zeros(0)
+        if stalls is not None:  # ... and every instant the server made comes back out
+            records = _to_real(records, stalls, real_ns, station)
+        frontend_s = (records.arrival_ns - real_ns) / 1e9 if station else np.zeros(0)
     return Simulation(
         scenario=s,
         service=service,
@@ -401,21 +413,47 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
         fetch_s=_component(lat, "feature_fetch", n, fetch_rng),
         network_s=_component(lat, "network", n, net_rng),
         frontend_s=frontend_s,
-        sent_ns=arrivals.ns if station else np.zeros(0, np.int64),
+        sent_ns=real_ns if station else np.zeros(0, np.int64),
     )
+
+
+def _to_real(records: Records, stalls: Stalls, real_ns: np.ndarray, station: bool
+             ) -> Records:
+    """Records made on the server's clock, in real time. A request's own arrival stays
+    its real one where it went straight to the batcher (a stall it came in keeps it
+    waiting: the wait is its queue); behind a front end it reaches the batcher when the
+    front end hands it on."""
+    last = records.last_end_ns()
+    real_last = int(stalls.to_real(np.array([last]))[0])
+    if not real_last < MAX_TIME_NS:
+        raise InputError(
+            f"[latency] stalls_per_s = {stalls.per_s:g}: with its stalls the run reaches "
+            f"{real_last / 1e9:.3g} s; expected at most {MAX_TIME_NS / 1e9:.3g} s; fix: "
+            "shorter or fewer stalls, or fewer requests")
+    return replace(records,
+                   arrival_ns=stalls.to_real(records.arrival_ns) if station else real_ns,
+                   batch_start_ns=stalls.to_real(records.batch_start_ns),
+                   batch_end_ns=stalls.to_real(records.batch_end_ns))
 
 
 def _answered(sent_ns: np.ndarray, exec_ns: np.ndarray, multiplier: np.ndarray,
               policy: BatchingPolicy, num_instances: int, cost_ns: int, turn_ns: int,
-              answer_ns: int, seed: int) -> tuple[Records, np.ndarray]:
+              answer_ns: int, seed: int, stalls: Stalls | None = None,
+              real_ns: np.ndarray | None = None) -> tuple[Records, np.ndarray]:
     """The batcher behind an event loop that also writes the answers: its records and
     each request's seconds in the loop (before the batcher, and from its batch's end to
-    its answer written; only the first for a request not served)."""
+    its answer written; only the first for a request not served). With `stalls`,
+    `sent_ns` is on the server's clock and `real_ns` the real sends."""
     (status, batch, b_size, b_start, b_end, b_inst), at_ns, answered = answering_run(
         sent_ns, cost_ns, turn_ns, answer_ns, exec_ns, multiplier, policy, num_instances,
         seed)
     records = Records(at_ns, status, batch, b_size, b_start, b_end, b_inst, num_instances,
                       policy.default_timeout_microseconds * 1000)
+    if stalls is not None:
+        assert real_ns is not None
+        records = _to_real(records, stalls, real_ns, True)
+        b_end, at_ns, sent_ns = records.batch_end_ns, records.arrival_ns, real_ns
+        answered = stalls.to_real(answered)
     served = batch >= 0
     after = np.zeros(sent_ns.size, np.int64)
     after[served] = answered[served] - b_end[batch[served]]

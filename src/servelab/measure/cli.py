@@ -262,6 +262,12 @@ def validate(
         help="With an event loop: the share of a request's cost in it that is its answer, "
              "written when its batch ends (default 0.4, as measured in servelab's gateway; "
              "0: all of it before the batcher).")] = None,
+    stalls: Annotated[bool | None, typer.Option(
+        "--stalls/--no-stalls",
+        help="Read the whole server's stalls (a batch at least twice its size's usual "
+             "time) from the trace of the gateway --serve starts, during each rate's "
+             "warm-up, and simulate them (default: on with --serve and a warm-up).")
+                      ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
                        ] = False,
 ) -> None:
@@ -285,7 +291,8 @@ def validate(
         client_cpus=tuple(sorted(parse_cpus("--client-cpus", client_cpus)))
         if client_cpus is not None else None,
         frontend_workers=frontend_workers, frontend_cpu_ms=frontend_cpu_ms,
-        frontend_event_loop=frontend_event_loop, frontend_answer_share=frontend_answer_share)
+        frontend_event_loop=frontend_event_loop, frontend_answer_share=frontend_answer_share,
+        stalls=stalls)
 
     def say(message: str) -> None:
         if not as_json:

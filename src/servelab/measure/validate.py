@@ -57,6 +57,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -79,10 +80,12 @@ from servelab.measure.loadgen import (
     run_closed_loop,
     run_open_loop,
 )
+from servelab.measure.stall_fit import STALL_FACTOR, STALL_MIN_MS, StallFit, fit_stalls
 from servelab.report import jsonable
 from servelab.scenario import (
     MAX_BATCH,
     MAX_FRONTEND_WORKERS,
+    MAX_STALLS_PER_S,
     BatchingPolicy,
     Scenario,
     flatten,
@@ -343,6 +346,10 @@ class RateCheck:
     # enough), and what the warm-up measured (None: no warm-up ran)
     warmup: SizeFit | None = None
     warmup_measured: LoadStep | None = None
+    # the stalls the warm-up's trace showed (None: no trace read); the prediction
+    # simulated them where it found any
+    stalls: StallFit | None = None
+    without_stalls: dict[str, Check] | None = None  # the same prediction without them
 
     def to_dict(self) -> dict[str, Any]:
         g = self.given_measured_compute
@@ -352,10 +359,13 @@ class RateCheck:
                 **({} if self.closed_loop_profile is None
                    else {"closed_loop_profile": checks_dict(self.closed_loop_profile)}),
                 "given_measured_compute": None if g is None else g.to_dict(),
+                **({} if self.without_stalls is None
+                   else {"without_stalls": checks_dict(self.without_stalls)}),
                 "probe_drift": self.probe_drift, "probe_ms": self.probe_ms,
                 "warmup": None if self.warmup_measured is None else {
                     **({} if self.warmup is None else self.warmup.to_dict()),
-                    "measured": self.warmup_measured.to_dict()}}
+                    "measured": self.warmup_measured.to_dict(),
+                    "stalls": None if self.stalls is None else self.stalls.to_dict()}}
 
 
 @dataclass(slots=True)
@@ -385,6 +395,7 @@ class Profile:
     # batch sizes they ran, their times, and the closed-loop profile's scale elsewhere.
     calibration: SizeFit | None = None
     host_cpu_steal: float | None = None  # share of the CPUs' time the hypervisor took
+    stalls: StallFit | None = None  # the whole server's stalls, simulated (see stall_fit)
 
     def to_dict(self) -> dict[str, Any]:
         o = self.outside_ms
@@ -658,7 +669,28 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
                               frontend_event_loop=prof.frontend_event_loop,
                               frontend_turn_ms=round(prof.frontend_turn_ms, 6),
                               frontend_answer_ms=round(prof.frontend_answer_ms, 6))
+    if outside and prof.stalls is not None and prof.stalls.stalls:
+        raw["latency"].update(stalls_per_s=round(min(prof.stalls.per_s, MAX_STALLS_PER_S), 6),
+                              stall_samples_ms=list(prof.stalls.lengths_ms))
     return scenario_from_dict(raw, base_dir=None)
+
+
+def trace_stalls(trace_dir: Path, model: str, from_ns: int, to_ns: int) -> StallFit | None:
+    """The stalls in the batches of the gateway's trace (`trace_dir`/trace.*) whose
+    requests entered its queue between two instants of this machine's monotonic clock
+    (the gateway's trace is on the same clock). None when the trace holds no such
+    requests, or no batch size ran often enough to have a usual time."""
+    from servelab.trace_file import read_trace
+
+    files = sorted((p for p in trace_dir.glob("trace.*") if p.suffix[1:].isdigit()),
+                   key=lambda p: int(p.suffix[1:]))
+    if not files:
+        return None
+    tr = read_trace(files, model)
+    keep = (tr.queue_ns >= from_ns) & (tr.queue_ns <= to_ns)
+    if not keep.any():
+        return None
+    return fit_stalls(tr.start_ns[keep], tr.end_ns[keep])
 
 
 def frontend_fit(prof: Profile) -> tuple[float, float]:
@@ -966,7 +998,7 @@ def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
 
 def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
                         rate: float, n: int, seed: int, closed_loop: Profile | None = None,
-                        at_rate: bool = False) -> RateCheck:
+                        at_rate: bool = False, trace_dir: Path | None = None) -> RateCheck:
     """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals,
     and the diagnosis with the run's own measured compute time. With `closed_loop` (the
     profile before calibration under load), its prediction too, for reference.
@@ -977,13 +1009,19 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     under this very load, measured seconds before the run rather than minutes (on the
     2-core VM the gateway's one-row batch moved x0.81-1.26 between its profile and a
     rate a minute later, 2026-12-03). The profile's own prediction is kept beside it
-    (`closed_loop_profile`)."""
+    (`closed_loop_profile`).
+
+    With `trace_dir` (the trace of the gateway validate started), the warm-up's batches
+    are read from the trace: its stalls (`stall_fit`) go into the prediction, and the
+    batch times it takes are theirs with the stalls taken out."""
     bodies = random_bodies(meta, 256, seed)
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     offsets = poisson_offsets(rate, n, seed)
     now = probe(t, one) if prof.probe is not None else None
+    warm_from = time.monotonic_ns()
     warm_step, warm = (warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate
                        else (None, None))
+    warm_to = time.monotonic_ns()
     before = batch_stats(t)
     sent: list[np.ndarray] = []
     measured = LoadStep.of(measure_rate(
@@ -993,6 +1031,16 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     after = batch_stats(t)
     in_run = _delta(before, after) if before is not None and after is not None else {}
     drift = drift_scale(prof, now)
+    stalls = no_stalls = None
+    if trace_dir is not None and warm_step is not None:  # (the run has flushed its part)
+        stalls = trace_stalls(trace_dir, t.model, warm_from, warm_to)
+        stalled = (None if stalls is None or not stalls.stalls
+                   else with_sizes(prof, stalls.clean, MIN_RUN_BATCHES, trend=True))
+        if stalled is not None:  # the prediction as it was without them, for reference
+            no_stalls = compare(measured, predict(fit_scenario(
+                t, sp, prof if warm is None else warm[0]), offsets, seed))
+            stalled[0].stalls = stalls
+            warm = stalled
     used = prof if warm is None else warm[0]
     predicted = predict(fit_scenario(t, sp, used), offsets, seed)
     base = closed_loop if closed_loop is not None else (prof if warm is not None else None)
@@ -1005,7 +1053,7 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         given_measured_compute(t, sp, closed_loop or prof, in_run, offsets, seed, measured,
                                sent_s=sent[0] if sent else None),
         drift, None if now is None else now.exec_ms, None if warm is None else warm[1],
-        warm_step)
+        warm_step, stalls, no_stalls)
 
 
 def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Profile,
@@ -1063,7 +1111,25 @@ def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
         out.append(f"{at} predicted with the batch times of a warm-up at this rate just "
                    f"before it ({sizes}; x{w.profile_scale:.2f} of the profile there); "
                    "closed_loop_profile holds the profile's own prediction")
+        out.extend(stall_notes(r, at))
     return out
+
+
+def stall_notes(r: RateCheck, at: str) -> list[str]:
+    """What the warm-up's trace showed of the server's stalls, and what was simulated."""
+    st = r.stalls
+    if st is None:
+        return []
+    if not st.stalls:
+        return [f"{at} the warm-up's trace showed no stall in {st.batches} batches (none "
+                f"took {STALL_FACTOR:g}x its size's usual time and {STALL_MIN_MS:g} ms more)"]
+    d = st.to_dict()["length_ms"]
+    return [f"{at} the warm-up's trace showed {st.stalls} stall(s) in {st.batches} batches "
+            f"(a batch {STALL_FACTOR:g}x its size's usual time or more): {st.per_s:.1f} a "
+            f"second of the server's running time, {d['p50']:.2f} ms at the median, "
+            f"{d['max']:.2f} ms the longest, {st.share:.1%} of the batches' time; the "
+            "prediction simulates them (the whole server paused; without_stalls holds the "
+            "prediction without them)"]
 
 
 def notes_for(rows: list[RateCheck], prof: Profile | None = None) -> list[str]:
@@ -1227,8 +1293,16 @@ class ValidationSpec:
     # The share of an event loop's cost a request that is its answer (see
     # split_answer); None: ANSWER_SHARE with an event loop
     frontend_answer_share: float | None = None
+    # Read the server's stalls from its trace during each rate's warm-up and simulate
+    # them (see measure/stall_fit.py); None: on with --serve and a warm-up at each rate
+    stalls: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.stalls and (self.serve is None or not self.at_rate):
+            raise invalid("--stalls", True, "--serve and a warm-up at each rate (validate "
+                          "reads the stalls from the trace of the gateway it starts, during "
+                          "the warm-up)", "use --serve without --calibrate, or leave "
+                          "--stalls out")
         if self.frontend_answer_share is not None and not (
                 0.0 <= self.frontend_answer_share <= 1.0):
             raise invalid("--frontend-answer-share", self.frontend_answer_share,
@@ -1286,6 +1360,13 @@ class ValidationSpec:
         return (self.calibrate_at_rate if self.calibrate_at_rate is not None
                 else not self.calibrate)
 
+    @property
+    def with_stalls(self) -> bool:
+        """Whether the prediction simulates the stalls the warm-up's trace showed: by
+        default where validate starts the server (its trace) and warms up at each rate."""
+        return (self.stalls if self.stalls is not None
+                else self.serve is not None and self.at_rate)
+
 
 @dataclass(frozen=True, slots=True)
 class ValidationReport:
@@ -1338,6 +1419,7 @@ def run_validation(spec: ValidationSpec, *,
     pinned = {k: sorted(v) for k, v in (("server", spec.server_cpus),
                                          ("client", spec.client_cpus)) if v is not None}
     url = spec.url
+    trace_dir: Path | None = None
     with contextlib.ExitStack() as stack:
         if spec.serve is not None:
             from servelab.gateway.demo import VALIDATION_MLP, write_mlp
@@ -1357,6 +1439,13 @@ def run_validation(spec: ValidationSpec, *,
                             ("--instances", spec.instances)):
                 if v is not None:
                     cmd += [flag, str(v)]
+            if spec.with_stalls:
+                trace_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                    prefix="servelab-trace-")))
+                from servelab.trace_file import MAX_TRACE_REQUESTS
+
+                cmd += ["--trace-file", str(trace_dir / "trace"),
+                        "--trace-requests", str(MAX_TRACE_REQUESTS)]
             say(f"validate: starting servelab serve on port {port}...")
             stack.enter_context(server_process(
                 cmd, f"http://127.0.0.1:{port}/v2/health/ready",
@@ -1424,7 +1513,7 @@ def run_validation(spec: ValidationSpec, *,
             rows.append(measure_and_predict(
                 target, meta, sp, prof, rate, n, spec.seed + k,
                 closed_loop=closed_prof if prof is not closed_prof else None,
-                at_rate=spec.at_rate))
+                at_rate=spec.at_rate, trace_dir=trace_dir))
     ok, misses = verdict(rows)
     return ValidationReport(
         model=name, url=target.base, policy_source=sp.source, cpus=pinned,

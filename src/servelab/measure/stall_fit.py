@@ -1,0 +1,96 @@
+"""Read a server's stalls from its trace: how often the whole server paused, for how long.
+
+The simulator's stalls (batching/stalls.py) pause the whole server, front end and
+batcher and model together. What a trace shows of them is the batches they fell in:
+such a batch took its size's usual time plus the stall. So a batch that took more
+than STALL_FACTOR times its size's median, and at least STALL_MIN_MS more, is taken as
+its size's median plus one stall of the difference; the rate is the stalls found over
+the batches' time without them (the server's own running time while it ran batches:
+a stall while it was idle shows in no batch, so the rate holds where the server was
+busy, which is where a stall costs). The batches' times with the stalls taken out are
+the per-size times the prediction then uses, so no stall is counted twice.
+
+The threshold is a choice, not a fit: below it a batch's spread is its own (what the
+size's mean keeps), above it the batch is a stall. STALL_FACTOR 2 and STALL_MIN_MS 1
+were set from the gateway's traces of 2026-12-05 (docs/load-and-validate.md, "Stalls").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from servelab.measure.replay import batches_of
+
+STALL_FACTOR = 1.5  # a batch this many times its size's median time ...
+STALL_MIN_MS = 0.5  # ... and at least this much longer (ms) holds a stall
+MIN_SIZE_BATCHES = 5  # batches of one size before its median is a base time
+MAX_STALL_SAMPLES = 10_000  # the stall lengths kept (evenly through the sorted lengths)
+
+
+@dataclass(frozen=True, slots=True)
+class StallFit:
+    per_s: float  # stalls per second of the server's running time
+    lengths_ms: tuple[float, ...]  # each stall found (at most MAX_STALL_SAMPLES, sorted)
+    batches: int  # batches read
+    stalls: int  # stalls found
+    busy_s: float  # the batches' time without their stalls
+    stalled_s: float  # the stalls' time in them
+    # per batch size: (batches, their time in ns without the stalls), as a server's
+    # statistics count them (validate.with_sizes takes them so)
+    clean: dict[int, tuple[int, int]]
+
+    @property
+    def share(self) -> float:
+        """The share of the batches' time that was stalls."""
+        total = self.busy_s + self.stalled_s
+        return self.stalled_s / total if total > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        lengths = np.asarray(self.lengths_ms)
+        return {"per_s": self.per_s, "stalls": self.stalls, "batches": self.batches,
+                "busy_s": self.busy_s, "share_of_batch_time": self.share,
+                "length_ms": None if not lengths.size else {
+                    "p50": float(np.percentile(lengths, 50)),
+                    "p90": float(np.percentile(lengths, 90)),
+                    "max": float(lengths.max()), "mean": float(lengths.mean())}}
+
+
+def base_ms(size: np.ndarray, exec_ns: np.ndarray) -> np.ndarray:
+    """Each batch's usual time (ns): its size's median where that size ran
+    MIN_SIZE_BATCHES times or more, elsewhere interpolated between such sizes (flat past
+    the ends). Empty when no size ran that often."""
+    sizes, counts = np.unique(size, return_counts=True)
+    seen = sizes[counts >= MIN_SIZE_BATCHES]
+    if not seen.size:
+        return np.zeros(0)
+    med = np.array([np.median(exec_ns[size == k]) for k in seen], np.float64)
+    out: np.ndarray = np.interp(size.astype(np.float64), seen.astype(np.float64), med)
+    return out
+
+
+def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray) -> StallFit | None:
+    """The stalls in a trace's requests (each request's COMPUTE_START and COMPUTE_END;
+    the requests of a batch share both). None when no batch size ran often enough to
+    have a usual time."""
+    b_start, b_end, size = batches_of(np.asarray(start_ns, np.int64),
+                                      np.asarray(end_ns, np.int64))
+    exec_ns = (b_end - b_start).astype(np.float64)
+    base = base_ms(size, exec_ns)
+    if not base.size:
+        return None
+    excess = exec_ns - base
+    stalled = (exec_ns > STALL_FACTOR * base) & (excess >= STALL_MIN_MS * 1e6)
+    clean_ns = np.where(stalled, base, exec_ns)
+    busy_s = float(clean_ns.sum()) / 1e9
+    lengths = np.sort(excess[stalled]) / 1e6
+    stalled_s = float(lengths.sum()) / 1e3
+    if lengths.size > MAX_STALL_SAMPLES:
+        lengths = lengths[np.linspace(0, lengths.size - 1, MAX_STALL_SAMPLES).astype(int)]
+    clean = {int(k): (int((size == k).sum()), round(float(clean_ns[size == k].sum())))
+             for k in np.unique(size)}
+    return StallFit(int(stalled.sum()) / busy_s if busy_s > 0 else 0.0,
+                    tuple(float(x) for x in lengths), int(size.size), int(stalled.sum()),
+                    busy_s, stalled_s, clean)
