@@ -33,7 +33,11 @@ def test_a_stall_worked_by_hand():
     assert fit.stalls == 2
     assert fit.lengths_ms == pytest.approx((1.0, 3.0))
     assert fit.busy_s == pytest.approx((7 * 1.0 + 6 * 1.5) / 1e3)
-    assert fit.per_s == pytest.approx(2 / fit.busy_s)
+    # over the span from the first batch's start to the last one's end (0 to 302.5 ms),
+    # less the 4 ms of stalls; or over a span given
+    assert fit.span_s == pytest.approx(0.3025)
+    assert fit.per_s == pytest.approx(2 / (0.3025 - 0.004))
+    assert fit_stalls(*_requests(batches), span_s=1.004).per_s == pytest.approx(2.0)
     assert fit.share == pytest.approx(4.0 / (16.0 + 4.0))
     # per size: the batches' time without the stalls, as statistics count them
     assert fit.clean == {1: (7, 7 * MS), 2: (6, 9 * MS)}
@@ -67,8 +71,9 @@ def test_no_size_seen_often_enough_reads_nothing():
 
 def test_stalls_read_back_from_a_simulation_that_had_them():
     """A busy server (a constant 1 ms a batch of up to 8) stalling 40 times a second for
-    6 ms: the stalls that fell in batches are found, with their lengths, and their rate
-    over the batches' own time is the rate simulated."""
+    6 ms: the stalls that fell in batches are found, with their lengths; over the
+    batches' own time they come at the rate simulated, and over the whole run as many
+    as were seen."""
     sc = scenario_from_dict({
         "workload": {"num_requests": 60_000, "qps": 3_000.0, "seed": 3},
         "model": {"kind": "constant", "latency_ms": 1.0},
@@ -79,7 +84,9 @@ def test_stalls_read_back_from_a_simulation_that_had_them():
     fit = fit_stalls(r.start_ns, r.end_ns)
     assert fit is not None
     assert fit.stalls > 150
-    assert fit.per_s == pytest.approx(40.0, rel=0.2)
+    assert fit.stalls / fit.busy_s == pytest.approx(40.0, rel=0.2)
+    assert fit.per_s == pytest.approx(fit.stalls / (fit.span_s - fit.stalled_s))
+    assert fit.busy_s < fit.span_s - fit.stalled_s < 3 * fit.busy_s
     # a batch holds one stall, or now and then two
     assert set(np.round(fit.lengths_ms, 6)) <= {6.0, 12.0}
     assert np.mean(np.isclose(fit.lengths_ms, 6.0)) > 0.9

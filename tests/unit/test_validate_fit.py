@@ -518,7 +518,9 @@ def test_the_warm_ups_stalls_are_read_from_the_gateways_trace_and_simulated(tmp_
     assert fit.batches == 200
     assert fit.stalls == 7
     assert fit.lengths_ms == pytest.approx((5.0,) * 7)
-    assert fit.per_s == pytest.approx(7 / 0.2)  # over 200 ms of batches without stalls
+    # over the span read (requests 100 to 299: 1.000 to 2.996 s) less the stalls
+    assert fit.span_s == pytest.approx(1.996)
+    assert fit.per_s == pytest.approx(7 / (1.996 - 0.035))
     assert fit.clean == {1: (200, 200 * ms)}
     assert trace_stalls(tmp_path, "m", 5_000 * ms, 6_000 * ms) is None  # nothing then
     t = Target("127.0.0.1", 1, "m")
@@ -529,7 +531,7 @@ def test_the_warm_ups_stalls_are_read_from_the_gateways_trace_and_simulated(tmp_
     stalled = got[0]
     stalled.stalls = fit
     sc = fit_scenario(t, sp, stalled)
-    assert sc.latency.stalls_per_s == pytest.approx(35.0)
+    assert sc.latency.stalls_per_s == pytest.approx(fit.per_s, abs=1e-6)
     assert sc.latency.stall_samples_ms == (5.0,) * 7
     assert dict(sc.model.points)[1] == pytest.approx(1.0)  # the 1 ms without the stalls
     assert not fit_scenario(t, sp, stalled, outside=False).latency.stalls

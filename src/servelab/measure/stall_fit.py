@@ -4,11 +4,15 @@ The simulator's stalls (batching/stalls.py) pause the whole server, front end an
 batcher and model together. What a trace shows of them is the batches they fell in:
 such a batch took its size's usual time plus the stall. So a batch that took more
 than STALL_FACTOR times its size's median, and at least STALL_MIN_MS more, is taken as
-its size's median plus one stall of the difference; the rate is the stalls found over
-the batches' time without them (the server's own running time while it ran batches:
-a stall while it was idle shows in no batch, so the rate holds where the server was
-busy, which is where a stall costs). The batches' times with the stalls taken out are
-the per-size times the prediction then uses, so no stall is counted twice.
+its size's median plus one stall of the difference. A stall while the server was idle
+shows in no batch; the rate is the stalls found over the whole span read, less the
+stalls themselves (the server's own running time), so the simulator's stalls, which
+fall anywhere in time, are as many as were seen. Over the batches' time alone the
+rate would assume as many more stalls in the idle time as there were in the busy time:
+at 20% of saturation, five times as many as seen, where the rate seen per batch-second
+grows with the load (docs/load-and-validate.md). The batches' times with the stalls
+taken out are the per-size times the prediction then uses, so no stall is counted
+twice.
 
 The threshold is a choice, not a fit: below it a batch's spread is its own (what the
 size's mean keeps), above it the batch is a stall. STALL_FACTOR 2 and STALL_MIN_MS 1
@@ -32,12 +36,13 @@ MAX_STALL_SAMPLES = 10_000  # the stall lengths kept (evenly through the sorted 
 
 @dataclass(frozen=True, slots=True)
 class StallFit:
-    per_s: float  # stalls per second of the server's running time
+    per_s: float  # stalls per second of the server's running time over the span read
     lengths_ms: tuple[float, ...]  # each stall found (at most MAX_STALL_SAMPLES, sorted)
     batches: int  # batches read
     stalls: int  # stalls found
     busy_s: float  # the batches' time without their stalls
     stalled_s: float  # the stalls' time in them
+    span_s: float  # the span read (the first request's queue entry to the last end)
     # per batch size: (batches, their time in ns without the stalls), as a server's
     # statistics count them (validate.with_sizes takes them so)
     clean: dict[int, tuple[int, int]]
@@ -51,7 +56,8 @@ class StallFit:
     def to_dict(self) -> dict[str, Any]:
         lengths = np.asarray(self.lengths_ms)
         return {"per_s": self.per_s, "stalls": self.stalls, "batches": self.batches,
-                "busy_s": self.busy_s, "share_of_batch_time": self.share,
+                "busy_s": self.busy_s, "span_s": self.span_s,
+                "share_of_batch_time": self.share,
                 "length_ms": None if not lengths.size else {
                     "p50": float(np.percentile(lengths, 50)),
                     "p90": float(np.percentile(lengths, 90)),
@@ -71,9 +77,11 @@ def base_ms(size: np.ndarray, exec_ns: np.ndarray) -> np.ndarray:
     return out
 
 
-def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray) -> StallFit | None:
+def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray, span_s: float | None = None
+               ) -> StallFit | None:
     """The stalls in a trace's requests (each request's COMPUTE_START and COMPUTE_END;
-    the requests of a batch share both). None when no batch size ran often enough to
+    the requests of a batch share both) over `span_s` seconds (None: from the first
+    batch's start to the last one's end). None when no batch size ran often enough to
     have a usual time."""
     b_start, b_end, size = batches_of(np.asarray(start_ns, np.int64),
                                       np.asarray(end_ns, np.int64))
@@ -87,10 +95,13 @@ def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray) -> StallFit | None:
     busy_s = float(clean_ns.sum()) / 1e9
     lengths = np.sort(excess[stalled]) / 1e6
     stalled_s = float(lengths.sum()) / 1e3
+    if span_s is None:
+        span_s = float(b_end.max() - b_start.min()) / 1e9
+    running_s = max(span_s - stalled_s, busy_s)
     if lengths.size > MAX_STALL_SAMPLES:
         lengths = lengths[np.linspace(0, lengths.size - 1, MAX_STALL_SAMPLES).astype(int)]
     clean = {int(k): (int((size == k).sum()), round(float(clean_ns[size == k].sum())))
              for k in np.unique(size)}
-    return StallFit(int(stalled.sum()) / busy_s if busy_s > 0 else 0.0,
+    return StallFit(int(stalled.sum()) / running_s if running_s > 0 else 0.0,
                     tuple(float(x) for x in lengths), int(size.size), int(stalled.sum()),
-                    busy_s, stalled_s, clean)
+                    busy_s, stalled_s, span_s, clean)

@@ -690,7 +690,8 @@ def trace_stalls(trace_dir: Path, model: str, from_ns: int, to_ns: int) -> Stall
     keep = (tr.queue_ns >= from_ns) & (tr.queue_ns <= to_ns)
     if not keep.any():
         return None
-    return fit_stalls(tr.start_ns[keep], tr.end_ns[keep])
+    span_s = float(tr.end_ns[keep].max() - tr.queue_ns[keep].min()) / 1e9
+    return fit_stalls(tr.start_ns[keep], tr.end_ns[keep], span_s)
 
 
 def frontend_fit(prof: Profile) -> tuple[float, float]:
@@ -1126,7 +1127,7 @@ def stall_notes(r: RateCheck, at: str) -> list[str]:
     d = st.to_dict()["length_ms"]
     return [f"{at} the warm-up's trace showed {st.stalls} stall(s) in {st.batches} batches "
             f"(a batch {STALL_FACTOR:g}x its size's usual time or more): {st.per_s:.1f} a "
-            f"second of the server's running time, {d['p50']:.2f} ms at the median, "
+            f"second over {st.span_s:.1f} s, {d['p50']:.2f} ms at the median, "
             f"{d['max']:.2f} ms the longest, {st.share:.1%} of the batches' time; the "
             "prediction simulates them (the whole server paused; without_stalls holds the "
             "prediction without them)"]
