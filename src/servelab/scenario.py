@@ -570,10 +570,12 @@ class Latency:
     stalls_per_s: float = spec(
         0.0, _num(0, MAX_STALLS_PER_S), "How often the whole server stalls (a garbage "
         "collection, the OS taking its core), per second of its running time; 0: never.",
-        unit="stalls/s", flags=("--stalls-per-s",))
+        unit="stalls/s", flags=("--stalls-per-s",),
+        control=Control(_OUTSIDE, "Server stalls per second (0: none)", 0, 50, 0.5))
     stall_ms: float = spec(
         0.0, _num(0, MAX_STALL_MS), "A stall's length, when stall_samples_ms is empty.",
-        unit="ms", flags=("--stall-ms",))
+        unit="ms", flags=("--stall-ms",),
+        control=Control(_OUTSIDE, "Stall length (ms)", 0, 100, 0.5))
     stall_samples_ms: tuple[float, ...] = spec(
         (), _samples(0.0, MAX_STALL_MS, "stall lengths in ms"), "Measured stall lengths, "
         "resampled (servelab validate reads them from the server's trace).", unit="ms")

@@ -319,9 +319,10 @@ def test_servelab_load_measures_the_gateway(tmp_path):
 
 
 def test_the_gateways_trace_replays_to_the_rule(tmp_path):
-    """`serve --trace-file` writes Triton's trace format (500 requests a file, the rest
-    at shutdown); `replay-trace` reads it, and given the gateway's own queue-entry times
-    and batch times the simulator's rule makes the batches the gateway made (measured
+    """`serve --trace-file` writes Triton's trace format (500 requests a file at most,
+    or what has waited half a second, the rest at shutdown); `replay-trace` reads it,
+    and given the gateway's own queue-entry times and batch times the simulator's rule
+    makes the batches the gateway made (measured
     within 0.1-2.2% at 20-80% load once a late timer no longer let later arrivals into
     a closed batch; 5-6% before)."""
     import json
@@ -337,7 +338,10 @@ def test_the_gateways_trace_replays_to_the_rule(tmp_path):
         [row] = json.loads(out.stdout)
         assert row["ok"] == 1200
     files = sorted(tmp_path.glob("trace.json.*"), key=lambda p: int(p.suffix[1:]))
-    assert [len(json.loads(f.read_text())) for f in files] == [500, 500, 200]
+    sizes = [len(json.loads(f.read_text())) for f in files]
+    assert sum(sizes) == 1200
+    assert max(sizes) <= 500
+    assert len(files) >= 4  # at 300/s, 500 requests take 1.7 s: written by the half second
     rep = subprocess.run([sys.executable, "-m", "servelab", "replay-trace", *map(str, files),
                           "--max-batch-size", "32", "--max-queue-delay-us", "2000", "--json"],
                          capture_output=True, text=True, timeout=120, check=False)

@@ -241,3 +241,15 @@ def test_a_preview_grows_until_its_p99_is_precise(client):
              "model.variability": "exponential"}
     n3, _ = preview(small)
     assert n3 <= 30_000
+
+
+def test_the_sidebars_stalls_reach_the_simulation_and_a_rate_alone_is_marked(client):
+    state = {**default_state(), "latency.stalls_per_s": 5.0, "latency.stall_ms": 20.0}
+    r = client.post("/api/update", json={"state": state})
+    assert r.status_code == 200
+    plain = client.post("/api/update", json={"state": default_state()}).json()
+    assert r.json()["simulate"]["latency"]["p99_ms"] > plain["simulate"]["latency"]["p99_ms"]
+    alone = client.post("/api/update", json={"state": {**state, "latency.stall_ms": 0.0}})
+    assert alone.status_code == 400
+    assert alone.json()["key"] == "latency.stalls_per_s"
+    assert "expected a stall length" in alone.json()["error"]
