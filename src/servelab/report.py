@@ -412,6 +412,14 @@ def _build_report(sim: Simulation, closed_form: ClosedForm | None,
                          f"to {lat.frontend_workers} worker(s) of {lat.frontend_ms:g} ms "
                          f"a request (at most {cap:,.0f}/s); its queue grows for the whole "
                          "run")
+    if lat.stalls:
+        lengths = lat.stall_lengths_ms
+        mean_ms = sum(lengths) / len(lengths)
+        paused = lat.stalls_per_s * mean_ms / 1e3
+        notes.append(f"the whole server stalls {lat.stalls_per_s:g} times a second of its "
+                     f"running time, {mean_ms:.3g} ms each on average: about "
+                     f"{paused / (1 + paused):.1%} of the time its front end, batcher and "
+                     "model stand still together")
 
     b = s.batching
     if 0 < b.default_timeout_microseconds < b.max_queue_delay_microseconds:

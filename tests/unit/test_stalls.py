@@ -133,6 +133,10 @@ def test_stalls_grow_the_tail_and_leave_a_scenario_without_them_alone():
     assert stalled.latency.p99_ms > plain.latency.p99_ms + 10
     assert stalled.batching.mean_batch_size > plain.batching.mean_batch_size
     assert stalled.requests.served == 20_000
+    # 5 a second of 20 ms: 0.1 s paused per second running, 1/11 of the time
+    assert "the whole server stalls 5 times a second of its running time, 20 ms each on " \
+        "average: about 9.1% of the time" in " ".join(stalled.notes)
+    assert not any("stalls" in n for n in plain.notes)
 
 
 def test_the_answering_loop_stalls_too():
