@@ -31,7 +31,7 @@ from servelab.batching.service import (
     draw_multipliers,
     exec_table_ns,
 )
-from servelab.batching.stalls import Stalls
+from servelab.batching.stalls import Stalls, check_count
 from servelab.batching.triton_engine import run_batcher_triton
 from servelab.errors import InputError
 from servelab.scenario import BatchingPolicy, Latency, Scenario, Variability
@@ -364,7 +364,7 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
     stalls, real_ns = None, arrivals.ns
     if lat.stalls:  # the server runs on its own clock (see stalls.py): arrivals go in
         arrivals.draw(n)
-        Stalls.expected(lat.stalls_per_s, float(arrivals.ns[-1]), "[latency] stalls_per_s")
+        check_count(lat.stalls_per_s, float(arrivals.ns[-1]), "[latency] stalls_per_s")
         stalls = Stalls(lat.stalls_per_s, lat.stall_lengths_ms, stall_rng)
         real_ns = arrivals.ns.copy()
         arrivals.ns[:] = stalls.to_server(real_ns)

@@ -34,6 +34,16 @@ MAX_STALLS = 1_000_000
 _FIRST_CHUNK = 4_096
 
 
+def check_count(per_s: float, span_ns: float, field: str) -> None:
+    """Refuse a run whose stalls would pass MAX_STALLS (rate x the run's span)."""
+    count = per_s * span_ns / 1e9
+    if count > MAX_STALLS:
+        raise InputError(
+            f"{field} = {per_s:g}: over a run of {span_ns / 1e9:.3g} s that is about "
+            f"{count:,.0f} stalls; expected at most {MAX_STALLS:,}; fix: a lower rate of "
+            "stalls, or fewer requests")
+
+
 class Stalls:
     """A run's stalls (server-clock starts and real lengths, int64 ns), drawn as far as
     asked: `cover` extends them past a server instant."""
@@ -49,16 +59,6 @@ class Stalls:
         self.length = np.zeros(0, np.int64)  # real ns
         self._after = np.zeros(0, np.int64)  # real ns of stall up to and including each
         self._last = 0.0  # the last start drawn, server seconds
-
-    @classmethod
-    def expected(cls, per_s: float, span_ns: float, field: str) -> None:
-        """Refuse a run whose stalls would pass MAX_STALLS (rate x the run's span)."""
-        count = per_s * span_ns / 1e9
-        if count > MAX_STALLS:
-            raise InputError(
-                f"{field} = {per_s:g}: over a run of {span_ns / 1e9:.3g} s that is about "
-                f"{count:,.0f} stalls; expected at most {MAX_STALLS:,}; fix: a lower rate of "
-                "stalls, or fewer requests")
 
     def cover(self, server_ns: int) -> None:
         """Draw stalls until one starts after `server_ns` on the server's clock."""

@@ -64,7 +64,7 @@ class StallFit:
                     "max": float(lengths.max()), "mean": float(lengths.mean())}}
 
 
-def base_ms(size: np.ndarray, exec_ns: np.ndarray) -> np.ndarray:
+def usual_ns(size: np.ndarray, exec_ns: np.ndarray) -> np.ndarray:
     """Each batch's usual time (ns): its size's median where that size ran
     MIN_SIZE_BATCHES times or more, elsewhere interpolated between such sizes (flat past
     the ends). Empty when no size ran that often."""
@@ -86,7 +86,7 @@ def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray, span_s: float | None = 
     b_start, b_end, size = batches_of(np.asarray(start_ns, np.int64),
                                       np.asarray(end_ns, np.int64))
     exec_ns = (b_end - b_start).astype(np.float64)
-    base = base_ms(size, exec_ns)
+    base = usual_ns(size, exec_ns)
     if not base.size:
         return None
     excess = exec_ns - base
@@ -100,8 +100,9 @@ def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray, span_s: float | None = 
     running_s = max(span_s - stalled_s, busy_s)
     if lengths.size > MAX_STALL_SAMPLES:
         lengths = lengths[np.linspace(0, lengths.size - 1, MAX_STALL_SAMPLES).astype(int)]
-    clean = {int(k): (int((size == k).sum()), round(float(clean_ns[size == k].sum())))
-             for k in np.unique(size)}
+    count = np.bincount(size)
+    total = np.bincount(size, weights=clean_ns)
+    clean = {int(k): (int(count[k]), round(float(total[k]))) for k in np.flatnonzero(count)}
     return StallFit(int(stalled.sum()) / running_s if running_s > 0 else 0.0,
                     tuple(float(x) for x in lengths), int(size.size), int(stalled.sum()),
                     busy_s, stalled_s, span_s, clean)

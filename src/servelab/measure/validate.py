@@ -675,15 +675,22 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
     return scenario_from_dict(raw, base_dir=None)
 
 
-def trace_stalls(trace_dir: Path, model: str, from_ns: int, to_ns: int) -> StallFit | None:
+def trace_files(trace_dir: Path) -> list[Path]:
+    """The gateway's numbered trace files (`trace_dir`/trace.N), in the order written."""
+    return sorted((p for p in trace_dir.glob("trace.*") if p.suffix[1:].isdigit()),
+                  key=lambda p: int(p.suffix[1:]))
+
+
+def trace_stalls(trace_dir: Path, model: str, from_ns: int, to_ns: int, skip: int = 0
+                 ) -> StallFit | None:
     """The stalls in the batches of the gateway's trace (`trace_dir`/trace.*) whose
     requests entered its queue between two instants of this machine's monotonic clock
-    (the gateway's trace is on the same clock). None when the trace holds no such
-    requests, or no batch size ran often enough to have a usual time."""
+    (the gateway's trace is on the same clock), read from its files after the first
+    `skip` (those written before `from_ns` hold none of them). None when the trace holds
+    no such requests, or no batch size ran often enough to have a usual time."""
     from servelab.trace_file import read_trace
 
-    files = sorted((p for p in trace_dir.glob("trace.*") if p.suffix[1:].isdigit()),
-                   key=lambda p: int(p.suffix[1:]))
+    files = trace_files(trace_dir)[skip:]
     if not files:
         return None
     tr = read_trace(files, model)
@@ -1019,6 +1026,7 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     offsets = poisson_offsets(rate, n, seed)
     now = probe(t, one) if prof.probe is not None else None
+    written = len(trace_files(trace_dir)) if trace_dir is not None else 0
     warm_from = time.monotonic_ns()
     warm_step, warm = (warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate
                        else (None, None))
@@ -1034,7 +1042,7 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     drift = drift_scale(prof, now)
     stalls = no_stalls = None
     if trace_dir is not None and warm_step is not None:  # (the run has flushed its part)
-        stalls = trace_stalls(trace_dir, t.model, warm_from, warm_to)
+        stalls = trace_stalls(trace_dir, t.model, warm_from, warm_to, skip=written)
         stalled = (None if stalls is None or not stalls.stalls
                    else with_sizes(prof, stalls.clean, MIN_RUN_BATCHES, trend=True))
         if stalled is not None:  # the prediction as it was without them, for reference
