@@ -130,7 +130,7 @@ text_values = st.one_of(st.sampled_from(NASTY_NUMBERS), st.text(max_size=30),
 COMMON = ["--qps", "--max-queue-delay-us", "--max-batch-size", "--preferred-batch-size",
           "--max-queue-size", "--timeout-us", "--instances-per-gpu", "--gpu", "--num-gpus",
           "--price", "--seed", "--slo-ms", "--frontend-workers", "--frontend-cpu-ms",
-          "--frontend-turn-ms", "--frontend-answer-ms"]
+          "--frontend-turn-ms", "--frontend-answer-ms", "--stalls-per-s", "--stall-ms"]
 KV = ["--model", "--kv-dtype", "--weight-dtype", "--context", "--gpu", "--num-gpus", "--tp",
       "--gpu-memory-utilization", "--block-size"]
 COMMANDS: dict[tuple[str, ...], list[str]] = {
@@ -181,7 +181,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                     "--instances", "--model", "--url", "--seed", "--out", "--batcher-first",
                     "--server-cpus", "--client-cpus", "--no-calibrate", "--frontend-workers",
                     "--no-calibrate-at-rate",
-                    "--frontend-cpu-ms", "--frontend-answer-share"],
+                    "--frontend-cpu-ms", "--frontend-answer-share", "--stalls",
+                    "--no-stalls"],
     # (no output paths here: a generated one would be written; the named cases hold them)
     ("llm", "fit"): ["--max-evals", "--tp", "--gpu-memory-utilization",
                      "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
@@ -265,7 +266,8 @@ SCENARIO_KEYS = {
     "hardware": ["gpu", "num_gpus", "price_per_gpu_hour", "hbm_bandwidth_tbps"],
     "model": ["kind", "latency_ms", "base_ms", "per_row_ms", "points", "csv", "variability",
               "cv", "flops_per_row", "efficiency", "precision"],
-    "latency": ["feature_fetch_ms", "feature_fetch_p99_ms", "network_ms", "p99_slo_ms"],
+    "latency": ["feature_fetch_ms", "feature_fetch_p99_ms", "network_ms", "p99_slo_ms",
+                "stalls_per_s", "stall_ms", "stall_samples_ms"],
     "plan": ["max_busy_fraction", "max_gpus"],
     "llm": ["model", "config", "kv_dtype", "context_tokens", "tp", "num_gpus", "block_size",
             "request_rate", "max_concurrency", "lengths_csv", "num_requests",
