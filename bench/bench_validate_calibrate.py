@@ -29,6 +29,7 @@ their own, as `validate` takes them (on a 2-core machine: one each).
 
     python bench/bench_validate_calibrate.py [--runs 3] [--duration 5] [--triton]
         [--server-cpus LIST --client-cpus LIST] [--answer-share X]
+        [--stability-percentage P [--max-trials N]]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from tests.services import QUIET_OTHERS, QUIET_STEAL, HostUse  # noqa: E402
 
 from servelab.measure.process import parse_cpus  # noqa: E402
+from servelab.measure.stability import Stability  # noqa: E402
 from servelab.measure.validate import (  # noqa: E402
     ValidationSpec,
     run_validation,
@@ -76,14 +78,16 @@ def cell(c: dict[str, Any] | None) -> str:
 
 def rates_of(run: int, duration: float, triton: bool,
              cpus: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
-             answer_share: float | None = None) -> tuple[list[dict[str, Any]], float]:
+             answer_share: float | None = None, stability: Stability | None = None
+             ) -> tuple[list[dict[str, Any]], float]:
     """One validate run's rates as validation.json writes them, and its saturation (0
     with --triton's given rates); `cpus`: the server's and the client's, or None;
     `answer_share`: validate's --frontend-answer-share (None: its default)."""
     if not triton:
         spec = ValidationSpec(serve="demo", duration_s=duration, seed=run,
                               calibrate_at_rate=True, server_cpus=cpus[0],
-                              client_cpus=cpus[1], frontend_answer_share=answer_share)
+                              client_cpus=cpus[1], frontend_answer_share=answer_share,
+                              stability=stability or Stability())
         rep = run_validation(spec, say=lambda m: print(m, file=sys.stderr))
         return [r.to_dict() for r in rep.rates], rep.saturation_per_s or 0.0
     from tests.integration.test_validate_triton import pytriton_python, run_against_triton
@@ -95,7 +99,9 @@ def rates_of(run: int, duration: float, triton: bool,
     done: subprocess.CompletedProcess[str] = run_against_triton(py, lambda port: [
         "validate", "--url", f"http://127.0.0.1:{port}", "--model", "sleep", "--rates",
         TRITON_RATES, "--duration", str(duration), "--seed", str(run), "--json",
-        "--calibrate-at-rate"])
+        "--calibrate-at-rate", *([] if stability is None or not stability.on else [
+            "--stability-percentage", f"{stability.percentage:g}", "--max-trials",
+            str(stability.max_trials)])])
     if done.returncode not in (0, 1):  # 1: a figure missed, still a report
         sys.exit(f"run {run + 1}: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout)["rates"], 0.0
@@ -112,7 +118,11 @@ def main() -> None:
     ap.add_argument("--answer-share", type=float, help="validate --frontend-answer-share "
                     "(the gateway's event loop: the share of a request's cost that is its "
                     "answer; default validate's)")
+    ap.add_argument("--stability-percentage", type=float, help="validate's: each rate in "
+                    "windows of --duration until the last three agree within this")
+    ap.add_argument("--max-trials", type=int, default=10)
     a = ap.parse_args()
+    stability = Stability(a.stability_percentage, a.max_trials)
     server_cpus, client_cpus = (None if v is None else tuple(sorted(parse_cpus(flag, v)))
                                 for flag, v in (("--server-cpus", a.server_cpus),
                                                 ("--client-cpus", a.client_cpus)))
@@ -128,7 +138,7 @@ def main() -> None:
     for run in range(a.runs):
         use = HostUse()
         rows, sat = rates_of(run, a.duration, a.triton, (server_cpus, client_cpus),
-                             a.answer_share)
+                             a.answer_share, stability)
         steal, others = use.shares()
         is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
         quiet += is_quiet
@@ -144,6 +154,11 @@ def main() -> None:
                   f"x{r['probe_drift']:.2f}, warm-up "
                   f"x{w.get('profile_scale', float('nan')):.2f}, run "
                   f"x{g['profile_scale'] if g else float('nan'):.2f} of the profile")
+            if "stability" in m:
+                ms = m["stability"]
+                print(f"    {ms['windows']} windows, {'stable' if ms['stable'] else 'unstable'};"
+                      " latency by window " + ", ".join(f"{x:.2f}" for x in
+                                                        ms["window_latency_ms"]) + " ms")
             wm, st = w.get("measured"), w.get("stalls")
             if wm is not None:
                 print(f"    warm-up: p50 {wm['p50_ms']:.2f} ms, p99 {wm['p99_ms']:.2f} ms"

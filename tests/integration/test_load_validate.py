@@ -103,6 +103,43 @@ def test_load_command_on_a_server_without_statistics_and_validate_says_what_it_l
         assert "no per-batch-size statistics" in val.stderr
 
 
+def test_load_takes_windows_until_they_agree_as_perf_analyzer_does():
+    """--stability-percentage: windows of --num-requests until the last three agree; the
+    step is those three joined. A stub stalled 300 ms in its first second never settles
+    within three windows at 5% (the stalled window's mean is several times the others'),
+    and says so; the same stub, its one stall past, settles at a loose 50%."""
+    port, proc = stub("--delay-ms", "5", "--stall-at", "0.5", "--stall-ms", "300")
+    with proc:
+        url = f"http://127.0.0.1:{port}"
+        base = [sys.executable, "-m", "servelab", "load", "--url", url, "--model", "stub",
+                "--qps", "200", "--num-requests", "200", "--json"]
+        out = subprocess.run([*base, "-s", "5", "--max-trials", "3"], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        [row] = json.loads(out.stdout)
+        st = row["stability"]
+        assert st["windows"] == 3
+        assert st["stable"] is False
+        assert row["ok"] == 600  # the three windows together
+        assert "did not settle in 3 windows" in out.stderr
+        lat = st["window_latency_ms"]
+        assert lat[0] > 3 * max(lat[1:])  # the stalled window
+        out = subprocess.run([*base, "-s", "50", "--max-trials", "6"], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        [row] = json.loads(out.stdout)
+        st = row["stability"]
+        assert st["stable"] is True, st
+        assert st["windows"] <= 6
+        assert row["ok"] == 600
+        assert row["p50_ms"] < 10  # the stall, long past, is in none of the three
+        bad = subprocess.run([*base, "--max-trials", "5"], capture_output=True, text=True,
+                             timeout=60)
+        assert bad.returncode != 0
+        assert "--stability-percentage" in bad.stderr
+        assert "Traceback" not in bad.stderr
+
+
 def demo_misses(report: dict) -> list[str]:
     """Loose bounds (the README records the real figures): a simulator fitted wrongly
     (policy, profile, outside time) misses these by far. The diagnosis's scenario gives
@@ -197,6 +234,32 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
                    for n in report["notes"]), report["notes"]
     # 200 requests at 100/s: batches of one request, far more than 20 of them
     assert report["rates"][0]["warmup"]["batches"]["1"] >= 20
+
+
+@pytest.mark.slow
+def test_validate_holds_the_prediction_to_the_last_three_windows_when_asked():
+    """--stability-percentage: each rate is measured in windows; at 0.001% four windows
+    never agree, so the rate is the last three together, flagged, and the prediction,
+    the diagnosis and the server's batches are over exactly those three (600 requests,
+    every one of them in a batch the server counted), not the fourth one before them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates", "150",
+         "--duration", "1", "--stability-percentage", "0.001", "--max-trials", "4",
+         "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode in (0, 1), out.stderr[-3000:]  # 1: a figure missed
+    report = json.loads(out.stdout)
+    [r] = report["rates"]
+    m = r["measured"]
+    assert m["stability"]["windows"] == 4
+    assert m["stability"]["stable"] is False
+    assert len(m["stability"]["window_latency_ms"]) == 4
+    assert m["requests"] == m["ok"] == 600
+    run = r["given_measured_compute"]["run_batches"]["batches"]
+    assert sum(int(k) * c for k, c in run.items()) == 600
+    assert r["compare"]["throughput_per_s"]["error"] == pytest.approx(0, abs=0.05)
+    assert any(n.startswith("at 150/s the measurement did not settle in 4 windows")
+               for n in report["notes"]), report["notes"]
+    assert r["warmup"]["measured"]["requests"] == 100  # the warm-up is one window, as before
 
 
 @pytest.mark.slow

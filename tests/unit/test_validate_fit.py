@@ -212,18 +212,20 @@ def _search(monkeypatch, keeps_up_below: float, closed: float = 1000.0):
 
 def test_the_saturation_search_steps_up_and_keeps_what_it_kept_up_with(monkeypatch):
     steps, (sat, closed, kept) = _search(monkeypatch, keeps_up_below=560)
-    assert steps == pytest.approx([300, 400, 500, 600, 600])
-    assert sat == pytest.approx(500)
+    # up in 10% steps to the first that falls behind twice, then two halvings of the gap
+    assert steps == pytest.approx([300, 400, 500, 600, 600, 550, 575, 575])
+    assert sat == pytest.approx(550)
     assert closed == 1000
-    assert kept == {1: (300, 300 * 2_000_000)}  # the three steps it kept up with
+    assert kept == {1: (400, 400 * 2_000_000)}  # the four steps it kept up with
 
 
 def test_the_saturation_search_steps_down_when_even_the_first_step_falls_behind(
         monkeypatch):
     steps, (sat, _, kept) = _search(monkeypatch, keeps_up_below=100)
-    assert steps == pytest.approx([300, 300, 150, 150, 75])  # a fall behind is run twice
-    assert sat == pytest.approx(75)
-    assert kept == {1: (100, 100 * 2_000_000)}  # only the step at 75/s
+    # a fall behind is run twice; then the gap from 75 to 150 halved twice
+    assert steps == pytest.approx([300, 300, 150, 150, 75, 112.5, 112.5, 93.75])
+    assert sat == pytest.approx(93.75)
+    assert kept == {1: (200, 200 * 2_000_000)}  # the steps at 75 and 93.75/s
     steps, (sat, _, kept) = _search(monkeypatch, keeps_up_below=1)
     assert steps == pytest.approx([300, 300, 150, 150, 75, 75, 37.5, 37.5])
     assert kept == {}  # nothing kept up: no calibration

@@ -49,6 +49,16 @@ def load(
                         ] = None,
     connections: Annotated[int, typer.Option(help="Most connections open at once.")] = 256,
     seed: Annotated[int, typer.Option(help="Seed for arrivals and random inputs.")] = 0,
+    stability_percentage: Annotated[float | None, typer.Option(
+        "--stability-percentage", "-s",
+        help="As perf_analyzer: run each step in windows of --duration until the last "
+             "three agree within this percentage (throughput and latency), and report "
+             "the three together. Off by default: one window a step.")] = None,
+    max_trials: Annotated[int, typer.Option(
+        help="With --stability-percentage: the most windows a step runs.")] = 10,
+    percentile: Annotated[int | None, typer.Option(
+        help="With --stability-percentage: judge the windows by this latency percentile "
+             "(e.g. 99) instead of the average.")] = None,
     csv_path: Annotated[Path | None, typer.Option(
         "--csv", help="Also write perf_analyzer's CSV columns here (microseconds).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
@@ -72,7 +82,8 @@ def load(
                                 if rates is not None else []),
                     concurrency=tuple(_counts(concurrency)), trace_s=trace_s,
                     arrival=arrival, duration_s=duration, num_requests=num_requests,
-                    connections=connections)
+                    connections=connections,
+                    stability=_stability(stability_percentage, max_trials, percentile))
     if csv_path is not None:
         check_writable_target(csv_path, "--csv")
     report = run_load(url, model, spec, entities=None if entities is None else str(entities),
@@ -115,6 +126,35 @@ def _warn_behind(step: Any) -> None:
         stderr.print(f"warning: the client fell behind at {step.offered_per_s:g}/s (p99 "
                      f"{step.behind_p99_ms:.1f} ms late); latencies still count from the "
                      "intended send times", highlight=False)
+    st = step.stability
+    if st is not None:
+        what = f"{step.concurrency} clients" if step.concurrency else f"{step.offered_per_s:g}/s"
+        if st["stable"]:
+            stderr.print(f"load: {what} stable after {st['windows']} windows",
+                         highlight=False)
+        else:
+            stderr.print(f"warning: {what} did not settle in {st['windows']} windows "
+                         f"(throughput {_spread(st['window_per_s'])}, latency "
+                         f"{_spread(st['window_latency_ms'])} over the last three); its "
+                         "figures are the last three together; fix: a longer --duration "
+                         "or a quieter machine", highlight=False)
+
+
+def _spread(xs: list[float]) -> str:
+    """The largest of the last three over the smallest, as a percentage above it."""
+    last = xs[-3:]
+    lo, hi = min(last), max(last)
+    return f"+{hi / lo - 1:.0%}" if lo > 0 else "n/a"
+
+
+def _stability(percentage: float | None, max_trials: int, percentile: int | None) -> Any:
+    from servelab.measure.stability import Stability
+
+    if percentage is None and (max_trials != 10 or percentile is not None):
+        raise invalid("--max-trials/--percentile", (max_trials, percentile),
+                      "--stability-percentage with them (they say how windows are judged)",
+                      "add --stability-percentage 10, or leave them out")
+    return Stability(percentage, max_trials, percentile)
 
 
 def _write_perf_analyzer_csv(path: Path, report: Any) -> None:
@@ -264,10 +304,21 @@ def validate(
              "0: all of it before the batcher).")] = None,
     stalls: Annotated[bool | None, typer.Option(
         "--stalls/--no-stalls",
-        help="Read the whole server's stalls (a batch at least twice its size's usual "
-             "time) from the trace of the gateway --serve starts, during each rate's "
-             "warm-up, and simulate them (default: on with --serve and a warm-up).")
-                      ] = None,
+        help="Read the whole server's stalls (a batch at least 1.5x its size's usual "
+             "time and 0.5 ms more) from the trace of the gateway --serve starts, during "
+             "each rate's warm-up, and simulate them (default: on with --serve and a "
+             "warm-up).")] = None,
+    stability_percentage: Annotated[float | None, typer.Option(
+        "--stability-percentage",
+        help="As perf_analyzer: measure each rate in windows of --duration until the last "
+             "three agree within this percentage (throughput and latency), and hold the "
+             "prediction to the three together. Off by default: one window a rate.")
+                                    ] = None,
+    max_trials: Annotated[int, typer.Option(
+        help="With --stability-percentage: the most windows a rate runs.")] = 10,
+    percentile: Annotated[int | None, typer.Option(
+        help="With --stability-percentage: judge the windows by this latency percentile "
+             "(e.g. 99) instead of the average.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON to stdout.")
                        ] = False,
 ) -> None:
@@ -292,7 +343,7 @@ def validate(
         if client_cpus is not None else None,
         frontend_workers=frontend_workers, frontend_cpu_ms=frontend_cpu_ms,
         frontend_event_loop=frontend_event_loop, frontend_answer_share=frontend_answer_share,
-        stalls=stalls)
+        stalls=stalls, stability=_stability(stability_percentage, max_trials, percentile))
 
     def say(message: str) -> None:
         if not as_json:

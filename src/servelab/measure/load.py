@@ -14,7 +14,7 @@ import contextlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from servelab.measure.loadgen import (
     run_closed_loop,
     run_open_loop,
 )
+from servelab.measure.stability import Stability, joined, take
 
 # perf_analyzer's CSV header in request-rate mode; with --concurrency the first column is
 # "Concurrency", as perf_analyzer names it there. Latencies in microseconds. Client Send
@@ -217,41 +218,74 @@ def server_stats(t: Target, tries: int = 3) -> dict[str, float] | None:
     return out
 
 
+# Seeds of a step's later windows (see measure/stability.py): window j draws its send
+# times from seed + j * WINDOW_SEED; window 0 is the step as it always was.
+WINDOW_SEED = 7_919
+
+
 def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float, n: int,
                  seed: int, max_connections: int, arrival: str = "poisson",
                  concurrency: int | None = None, offsets: np.ndarray | None = None,
                  counter: list[int] | None = None,
-                 on_result: Callable[[LoadResult], object] | None = None) -> dict[str, Any]:
+                 on_result: Callable[[LoadResult], object] | None = None,
+                 stability: Stability | None = None,
+                 around: Callable[[], object] | None = None) -> dict[str, Any]:
     """One step of a sweep: open loop at `rate` (Poisson or constant, or the given
     intended send times), or closed loop with `concurrency` clients; the server's
-    statistics before and after. `on_result` gets the per-request result."""
+    statistics before and after. `on_result` gets the per-request result.
+
+    With `stability` on, the step runs window after window until the last three agree
+    (measure/stability.py); its figures are then the three windows joined, and
+    row["stability"] says how it went. Window 0 sends on `offsets` (or the seed's);
+    later Poisson windows draw their own send times, a trace or a closed loop repeats.
+    `around` (validate: the server's per-size batch counts) is called before and after
+    each window; row["around"] holds the kept windows' (before, after) pairs."""
     reqs = []
     for b in bodies:
         body, hlen = b if isinstance(b, tuple) else (b, None)
         headers = {"Inference-Header-Content-Length": str(hlen)} if hlen is not None else None
         reqs.append(http_request(t.host, t.port, f"/v2/models/{t.model}/infer", body,
                                  headers))
-    before = server_stats(t)
-    cpu0 = cpu_times()
-    if concurrency is not None:
-        res = asyncio.run(run_closed_loop(t.host, t.port, reqs, concurrency, n,
-                                          counter=counter))
-    else:
-        if offsets is None:
-            offsets = (poisson_offsets(rate, n, seed) if arrival == "poisson"
-                       else constant_offsets(rate, n))
-        res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets,
-                                        max_connections=max_connections, counter=counter))
-    cpu1 = cpu_times()
+    how = stability if stability is not None else Stability()
+
+    def window(j: int) -> tuple[LoadResult, dict[str, Any]]:
+        if counter is not None:
+            counter[0] = 0  # a progress bar counts each window afresh
+        edge = {"around": around() if around is not None else None,
+                "stats": server_stats(t), "cpu": cpu_times()}
+        if concurrency is not None:
+            res = asyncio.run(run_closed_loop(t.host, t.port, reqs, concurrency, n,
+                                              counter=counter))
+        else:
+            sends = offsets if (offsets is not None and (j == 0 or arrival == "trace")) else (
+                poisson_offsets(rate, n, seed + j * WINDOW_SEED) if arrival == "poisson"
+                else constant_offsets(rate, n))
+            res = asyncio.run(run_open_loop(t.host, t.port, reqs, sends,
+                                            max_connections=max_connections,
+                                            counter=counter))
+        return res, {"before": edge, "after": {
+            "cpu": cpu_times(), "stats": server_stats(t),
+            "around": around() if around is not None else None}}
+
+    got = take(window, how)
+    res = joined(got.used)
     if on_result is not None:
         on_result(res)
-    after = server_stats(t)
+    edges = got.used_extras
     row: dict[str, Any] = {"offered_per_s": rate, "concurrency": concurrency,
                            **res.summary(), "errors_by_reason": dict(res.errors),
                            "behind_requests": int((res.behind_ms > 1.0).sum()),
-                           **cpu_use(cpu0, cpu1)}
-    if before is not None and after is not None:
-        d = {k: after[k] - before[k] for k in after}
+                           **cpu_use(edges[0]["before"]["cpu"], edges[-1]["after"]["cpu"])}
+    if how.on:
+        row["stability"] = got.summary()
+    if around is not None:
+        row["around"] = [(e["before"]["around"], e["after"]["around"]) for e in edges]
+    pairs = [(e["before"]["stats"], e["after"]["stats"]) for e in edges]
+    if all(a is not None and b is not None for a, b in pairs):
+        d: dict[str, float] = {}
+        for a, b in pairs:
+            for k in b:
+                d[k] = d.get(k, 0.0) + b[k] - a[k]
         ok = max(d["success"], 1)
         row.update(mean_batch=d["inferences"] / max(d["executions"], 1),
                    server_queue_ms=d["queue_ns"] / ok / 1e6,
@@ -310,6 +344,9 @@ class LoadStep:
     drawn_per_s: float = 0.0  # the rate the drawn send times ask for
     wait_gaps: int = 0  # ~500 ms with requests waiting and no answer (see gaps.py)
     wait_gap_s: float = 0.0
+    # with --stability-percentage: the windows run and whether the last three agreed
+    # (measure/stability.py); None: one window, unchecked
+    stability: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> LoadStep:
@@ -322,7 +359,7 @@ class LoadStep:
                    row["p90_ms"], row["p95_ms"], row["p99_ms"], row["behind_p99_ms"],
                    row["p50_growth"], dict(row["errors_by_reason"]), row["behind_requests"],
                    cpu, server, row.get("drawn_per_s", 0.0), row.get("wait_gaps", 0),
-                   row.get("wait_gap_s", 0.0))
+                   row.get("wait_gap_s", 0.0), row.get("stability"))
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON keys (`servelab load --json`): the row `measure_rate` gives."""
@@ -334,7 +371,8 @@ class LoadStep:
                 "behind_p99_ms": self.behind_p99_ms, "p50_growth": self.p50_growth,
                 "wait_gaps": self.wait_gaps, "wait_gap_s": self.wait_gap_s,
                 "errors_by_reason": dict(self.errors_by_reason),
-                "behind_requests": self.behind_requests, **self.cpu, **self.server}
+                "behind_requests": self.behind_requests, **self.cpu, **self.server,
+                **({"stability": dict(self.stability)} if self.stability is not None else {})}
 
 
 SERVER_KEYS = ("mean_batch", "server_queue_ms", "server_compute_ms", "compute_input_ms",
@@ -353,6 +391,8 @@ class LoadSpec:
     duration_s: float = 10.0
     num_requests: int | None = None
     connections: int = 256
+    # one window a step unless a percentage is given
+    stability: Stability = field(default_factory=Stability)
 
     def __post_init__(self) -> None:
         if self.arrival not in ("poisson", "constant", "trace"):
@@ -438,7 +478,7 @@ def run_load(url: str, model: str, spec: LoadSpec, *, entities: str | None = Non
               else contextlib.nullcontext([0])) as counter:
             step = LoadStep.of(measure_rate(target, bodies, rate, n, seed, spec.connections,
                                             spec.arrival, c, offsets=offsets,
-                                            counter=counter))
+                                            counter=counter, stability=spec.stability))
         steps.append(step)
         if on_step is not None:
             on_step(step)

@@ -75,11 +75,13 @@ from servelab.measure.load import (
     server_stats,
 )
 from servelab.measure.loadgen import (
+    LoadResult,
     http_request,
     poisson_offsets,
     run_closed_loop,
     run_open_loop,
 )
+from servelab.measure.stability import Stability
 from servelab.measure.stall_fit import STALL_FACTOR, STALL_MIN_MS, StallFit, fit_stalls
 from servelab.report import jsonable
 from servelab.scenario import (
@@ -108,6 +110,12 @@ SATURATION_SECONDS = 2.0  # of load per step while looking for saturation
 # machine a search without this check passed 100% of the closed-loop rate, and a 10 s run
 # at 80% of that then fell 186 ms behind).
 SATURATION_GROWTH = 1.5
+# Halvings of the gap between the last step kept up with and the first that fell behind:
+# the saturation is found to 10% / 2**SATURATION_REFINE of the closed loop's rate. With
+# the 10% steps alone, three runs on one quiet VM found 50% or 60% of the closed loop by
+# chance (2,388-3,153/s, 2026-12-05), so "80% of saturation" fell anywhere from 1,910 to
+# 2,520/s, and the prediction's error there moved with it.
+SATURATION_REFINE = 2
 MIN_BATCHES = 5  # executions of one size before its mean is a profile point
 # Executions of one size in a loaded run before the diagnosis uses its time (5 was
 # tried: sizes seen 5-19 times carried stalls into it, compute missing by 7-38%).
@@ -785,7 +793,8 @@ def saturation(t: Target, meta: dict[str, Any], sp: ServerPolicy, low_load_p50_m
     median, or its last third's median is SATURATION_GROWTH times its first third's (its
     queue grows through the run). A step that falls behind is run once more on other
     send times and counts only if that falls behind too, so a chance stall stops the
-    search only if it strikes twice running.
+    search only if it strikes twice running. The gap between the last step kept up with
+    and the first that fell behind is then halved SATURATION_REFINE times.
     """
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     clients = min(2 * sp.policy.max_batch_size * sp.instances, 512)
@@ -815,9 +824,20 @@ def saturation(t: Target, meta: dict[str, Any], sp: ServerPolicy, low_load_p50_m
     def keeps_up(offered: float, k: int) -> bool:
         return step(offered, seed + 100 + k) or step(offered, seed + 1000 + k)
 
+    def refine(ok: float, behind: float) -> float:
+        """Bisect between a rate kept up with and one that fell behind."""
+        for h in range(SATURATION_REFINE):
+            mid = (ok + behind) / 2
+            if keeps_up(mid, 40 + h):
+                ok = mid
+            else:
+                behind = mid
+        return ok
+
     # Up from 30% of the closed-loop figure in 10% steps. If even 30% falls behind (a
     # closed loop overstates an open loop most on a small, shared machine), down by
     # halves, so that the saturation and the calibration come from a rate it kept up with.
+    # Either way the last gap is then bisected (`refine`).
     last_ok = 0.0
     for k in range(3, 16):
         offered = closed * k / 10
@@ -825,11 +845,12 @@ def saturation(t: Target, meta: dict[str, Any], sp: ServerPolicy, low_load_p50_m
             last_ok = offered
             continue
         if last_ok:
-            return last_ok, closed, kept
+            return refine(last_ok, offered), closed, kept
         for h in range(1, 4):
-            offered = closed * 0.3 / 2 ** h
-            if keeps_up(offered, 20 + h):
-                return offered, closed, kept
+            lower = closed * 0.3 / 2 ** h
+            if keeps_up(lower, 20 + h):
+                return refine(lower, offered), closed, kept
+            offered = lower
         return offered, closed, kept
     return last_ok, closed, kept
 
@@ -1006,7 +1027,8 @@ def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
 
 def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
                         rate: float, n: int, seed: int, closed_loop: Profile | None = None,
-                        at_rate: bool = False, trace_dir: Path | None = None) -> RateCheck:
+                        at_rate: bool = False, trace_dir: Path | None = None,
+                        stability: Stability | None = None) -> RateCheck:
     """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals,
     and the diagnosis with the run's own measured compute time. With `closed_loop` (the
     profile before calibration under load), its prediction too, for reference.
@@ -1021,7 +1043,12 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
 
     With `trace_dir` (the trace of the gateway validate started), the warm-up's batches
     are read from the trace: its stalls (`stall_fit`) go into the prediction, and the
-    batch times it takes are theirs with the stalls taken out."""
+    batch times it takes are theirs with the stalls taken out.
+
+    With `stability` on (--stability-percentage), the run is windows until the last three
+    agree, as perf_analyzer measures (measure/stability.py); the measurement is those
+    three joined end to end, and the prediction and the diagnosis run on their send
+    times and batches."""
     bodies = random_bodies(meta, 256, seed)
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     offsets = poisson_offsets(rate, n, seed)
@@ -1031,14 +1058,19 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     warm_step, warm = (warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate
                        else (None, None))
     warm_to = time.monotonic_ns()
-    before = batch_stats(t)
     sent: list[np.ndarray] = []
-    measured = LoadStep.of(measure_rate(
-        t, bodies, rate, n, seed, 256, offsets=offsets,
-        on_result=lambda res: sent.append(  # (never before intended)
-            np.sort(np.maximum(res.sent_ns, res.intended_ns)) / 1e9)))
-    after = batch_stats(t)
-    in_run = _delta(before, after) if before is not None and after is not None else {}
+    intended: list[np.ndarray] = []
+
+    def kept(res: LoadResult) -> None:
+        sent.append(np.sort(np.maximum(res.sent_ns, res.intended_ns)) / 1e9)  # (never
+        intended.append(np.sort(res.intended_ns) / 1e9)  # before intended)
+
+    row = measure_rate(t, bodies, rate, n, seed, 256, offsets=offsets, on_result=kept,
+                       stability=stability, around=lambda: batch_stats(t))
+    measured = LoadStep.of(row)
+    in_run = _summed_deltas(row["around"])
+    if measured.stability is not None and measured.stability["windows"] > 1:
+        offsets = intended[0]  # the kept windows, end to end (one window: as drawn)
     drift = drift_scale(prof, now)
     stalls = no_stalls = None
     if trace_dir is not None and warm_step is not None:  # (the run has flushed its part)
@@ -1063,6 +1095,19 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
                                sent_s=sent[0] if sent else None),
         drift, None if now is None else now.exec_ms, None if warm is None else warm[1],
         warm_step, stalls, no_stalls)
+
+
+def _summed_deltas(pairs: list[tuple[Any, Any]]) -> dict[int, tuple[int, int]]:
+    """The server's per-size batch counts over the kept windows (`measure_rate`'s
+    row["around"]); empty where it keeps none."""
+    out: dict[int, tuple[int, int]] = {}
+    for before, after in pairs:
+        if before is None or after is None:
+            return {}
+        for k, (c, ns) in _delta(before, after).items():
+            c0, ns0 = out.get(k, (0, 0))
+            out[k] = (c0 + c, ns0 + ns)
+    return out
 
 
 def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Profile,
@@ -1121,6 +1166,29 @@ def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
                    f"before it ({sizes}; x{w.profile_scale:.2f} of the profile there); "
                    "closed_loop_profile holds the profile's own prediction")
         out.extend(stall_notes(r, at))
+    return out
+
+
+def stability_notes(rows: list[RateCheck]) -> list[str]:
+    """With --stability-percentage: how many windows each rate took, and the rates whose
+    last three windows never agreed (their figures are one noisy stretch's)."""
+    out = []
+    for r in rows:
+        st = r.measured.stability
+        if st is None:
+            continue
+        lat = st["window_latency_ms"][-3:]
+        spread = max(lat) / min(lat) - 1 if lat and min(lat) > 0 else math.nan
+        if st["stable"]:
+            out.append(f"at {r.rate_per_s:g}/s the measurement settled after {st['windows']} "
+                       f"windows: the last three agreed (latency within {spread:.0%}), and "
+                       "the figures are theirs together")
+        else:
+            out.append(f"at {r.rate_per_s:g}/s the measurement did not settle in "
+                       f"{st['windows']} windows (the last three's latency {spread:.0%} "
+                       "apart): the figures are the last three together, a stretch of "
+                       "a server or machine whose speed moved; a longer --duration or a "
+                       "quieter machine may settle it")
     return out
 
 
@@ -1305,6 +1373,9 @@ class ValidationSpec:
     # Read the server's stalls from its trace during each rate's warm-up and simulate
     # them (see measure/stall_fit.py); None: on with --serve and a warm-up at each rate
     stalls: bool | None = None
+    # perf_analyzer's stable measurement (measure/stability.py): each rate's run in
+    # windows of duration_s until the last three agree; None: one window
+    stability: Stability = field(default_factory=Stability)
 
     def __post_init__(self) -> None:
         if self.stalls and (self.serve is None or not self.at_rate):
@@ -1522,7 +1593,7 @@ def run_validation(spec: ValidationSpec, *,
             rows.append(measure_and_predict(
                 target, meta, sp, prof, rate, n, spec.seed + k,
                 closed_loop=closed_prof if prof is not closed_prof else None,
-                at_rate=spec.at_rate, trace_dir=trace_dir))
+                at_rate=spec.at_rate, trace_dir=trace_dir, stability=spec.stability))
     ok, misses = verdict(rows)
     return ValidationReport(
         model=name, url=target.base, policy_source=sp.source, cpus=pinned,
@@ -1530,4 +1601,4 @@ def run_validation(spec: ValidationSpec, *,
         closed_loop_profile=closed_prof if prof is not closed_prof else None,
         rates=tuple(rows), within_tolerance=ok, misses=tuple(misses),
         notes=tuple(notes_for(rows, prof) + saturation_notes(sat, closed)
-                    + warmup_notes(rows, spec.at_rate)), fit=fit)
+                    + warmup_notes(rows, spec.at_rate) + stability_notes(rows)), fit=fit)
