@@ -10,6 +10,9 @@ measurement of each rate is then scored three ways:
   trace showed (measure/stall_fit.py);
 - **no stalls**: the same without the stalls (the warm-up's batch times as the server's
   statistics count them), where the warm-up showed any;
+- **fixed front end**: with `--frontend-at-rate` (validate's, off by default), the
+  prediction with the front end's costs as fitted at low load, where "at rate" scales
+  them to give the warm-up's mean latency;
 - **profile**: the closed-loop profile's, as `validate --no-calibrate-at-rate` predicts;
 - **given the run's**: the diagnosis, the run's own batch times (not a prediction: what
   is left once the service time is exactly right).
@@ -23,6 +26,9 @@ host's steal and other processes' share of the CPUs (only a quiet run says anyth
 (PyTriton's Triton, the `sleep` model; needs .venv-pytriton, which scripts/test.sh builds,
 or SERVELAB_PYTRITON_PYTHON), at the test's rates 100, 250 and 400/s, held to issue 28's
 `--url` target: mean batch and p50 within 10%, p99 within 20% at every rate.
+
+`--stability-percentage P` measures each rate as perf_analyzer does: windows of
+`--duration` until the last three agree within P% (`--max-trials`, 10).
 
 `--server-cpus 1 --client-cpus 0` runs the gateway and the load generator on CPUs of
 their own, as `validate` takes them (on a 2-core machine: one each).
@@ -56,7 +62,7 @@ from servelab.measure.validate import (  # noqa: E402
 # issue 28's p99 tolerance at validate's rates, 20%, 50% and 80% of saturation (--serve demo)
 P99_BAR = (0.20, 0.20, 0.30)
 TRITON_RATES = "100,250,400"  # the integration test's rates, each held to p99 within 20%
-WAYS = ("at rate", "no stalls", "profile", "given the run's")
+WAYS = ("at rate", "no stalls", "fixed front end", "profile", "given the run's")
 
 
 def met(c: dict[str, Any], p99_bar: float) -> bool:
@@ -78,8 +84,8 @@ def cell(c: dict[str, Any] | None) -> str:
 
 def rates_of(run: int, duration: float, triton: bool,
              cpus: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
-             answer_share: float | None = None, stability: Stability | None = None
-             ) -> tuple[list[dict[str, Any]], float]:
+             answer_share: float | None = None, stability: Stability | None = None,
+             frontend_at_rate: bool = False) -> tuple[list[dict[str, Any]], float]:
     """One validate run's rates as validation.json writes them, and its saturation (0
     with --triton's given rates); `cpus`: the server's and the client's, or None;
     `answer_share`: validate's --frontend-answer-share (None: its default)."""
@@ -87,7 +93,8 @@ def rates_of(run: int, duration: float, triton: bool,
         spec = ValidationSpec(serve="demo", duration_s=duration, seed=run,
                               calibrate_at_rate=True, server_cpus=cpus[0],
                               client_cpus=cpus[1], frontend_answer_share=answer_share,
-                              stability=stability or Stability())
+                              stability=stability or Stability(),
+                              frontend_at_rate=frontend_at_rate)
         rep = run_validation(spec, say=lambda m: print(m, file=sys.stderr))
         return [r.to_dict() for r in rep.rates], rep.saturation_per_s or 0.0
     from tests.integration.test_validate_triton import pytriton_python, run_against_triton
@@ -121,6 +128,9 @@ def main() -> None:
     ap.add_argument("--stability-percentage", type=float, help="validate's: each rate in "
                     "windows of --duration until the last three agree within this")
     ap.add_argument("--max-trials", type=int, default=10)
+    ap.add_argument("--frontend-at-rate", action="store_true", help="validate's: the front "
+                    "end's costs scaled at each rate to give the warm-up's mean latency "
+                    "(the same measurement is also predicted with the fitted costs)")
     a = ap.parse_args()
     stability = Stability(a.stability_percentage, a.max_trials)
     server_cpus, client_cpus = (None if v is None else tuple(sorted(parse_cpus(flag, v)))
@@ -138,7 +148,7 @@ def main() -> None:
     for run in range(a.runs):
         use = HostUse()
         rows, sat = rates_of(run, a.duration, a.triton, (server_cpus, client_cpus),
-                             a.answer_share, stability)
+                             a.answer_share, stability, a.frontend_at_rate)
         steal, others = use.shares()
         is_quiet = steal <= QUIET_STEAL and others <= QUIET_OTHERS
         quiet += is_quiet
@@ -153,7 +163,9 @@ def main() -> None:
                   f"p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms; probe "
                   f"x{r['probe_drift']:.2f}, warm-up "
                   f"x{w.get('profile_scale', float('nan')):.2f}, run "
-                  f"x{g['profile_scale'] if g else float('nan'):.2f} of the profile")
+                  f"x{g['profile_scale'] if g else float('nan'):.2f} of the profile"
+                  + (f"; front end x{r['frontend_scale']:.2f}"
+                     if r.get("frontend_scale", 1.0) != 1.0 else ""))
             if "stability" in m:
                 ms = m["stability"]
                 print(f"    {ms['windows']} windows, {'stable' if ms['stable'] else 'unstable'};"
@@ -168,6 +180,7 @@ def main() -> None:
             calibrated = "sizes_ms" in w
             each = {"at rate": r["compare"] if calibrated else None,
                     "no stalls": r.get("without_stalls"),
+                    "fixed front end": r.get("fixed_frontend"),
                     "profile": r["closed_loop_profile"] if calibrated else r["compare"],
                     "given the run's": g["compare"] if g else None}
             rates += 1

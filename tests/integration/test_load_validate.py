@@ -245,7 +245,7 @@ def test_validate_holds_the_prediction_to_the_last_three_windows_when_asked():
     out = subprocess.run(
         [sys.executable, "-m", "servelab", "validate", "--serve", "demo", "--rates", "150",
          "--duration", "1", "--stability-percentage", "0.001", "--max-trials", "4",
-         "--json"], capture_output=True, text=True, timeout=600)
+         "--frontend-at-rate", "--json"], capture_output=True, text=True, timeout=600)
     assert out.returncode in (0, 1), out.stderr[-3000:]  # 1: a figure missed
     report = json.loads(out.stdout)
     [r] = report["rates"]
@@ -260,6 +260,11 @@ def test_validate_holds_the_prediction_to_the_last_three_windows_when_asked():
     assert any(n.startswith("at 150/s the measurement did not settle in 4 windows")
                for n in report["notes"]), report["notes"]
     assert r["warmup"]["measured"]["requests"] == 100  # the warm-up is one window, as before
+    # --frontend-at-rate: the front end's costs read from the warm-up, the prediction with
+    # the fitted costs kept beside it
+    assert 0.25 <= r["frontend_scale"] <= 4.0
+    assert set(r["fixed_frontend"]) == set(r["compare"])
+    assert any(n.startswith("at 150/s the front end's costs read x") for n in report["notes"])
 
 
 @pytest.mark.slow

@@ -538,3 +538,35 @@ def test_the_warm_ups_stalls_are_read_from_the_gateways_trace_and_simulated(tmp_
     assert dict(sc.model.points)[1] == pytest.approx(1.0)  # the 1 ms without the stalls
     assert not fit_scenario(t, sp, stalled, outside=False).latency.stalls
     assert not fit_scenario(t, sp, prof).latency.stalls
+
+
+def test_the_front_ends_speed_at_a_rate_is_read_back_from_a_warm_up():
+    """--frontend-at-rate: a warm-up measured on a server whose event loop ran 1.6x its
+    low-load costs (here: simulated so) gives the multiple back from its mean latency
+    alone; the time outside the front end stays as fitted at low load, so a multiple
+    of 1 gives the plain prediction, and the search holds to its range."""
+    from servelab.measure.validate import (
+        FRONTEND_SCALE_RANGE,
+        fit_scenario,
+        frontend_scale,
+        predict,
+    )
+
+    t, sp, prof, _, _ = _diagnosis_inputs()
+    loop = replace(prof, frontend_workers=1, frontend_event_loop=True, frontend_cpu_ms=0.6,
+                   frontend_turn_ms=0.2, frontend_answer_ms=0.3)
+    fast = np.cumsum(np.random.default_rng(2).exponential(1 / 900, 3000))  # near busy
+    measured = predict(fit_scenario(t, sp, replace(loop, frontend_scale=1.6)), fast, 0)
+    assert frontend_scale(t, sp, loop, fast, 0, measured.mean_ms) == pytest.approx(1.6,
+                                                                                  rel=0.01)
+    plain = predict(fit_scenario(t, sp, loop), fast, 0)
+    assert frontend_scale(t, sp, loop, fast, 0, plain.mean_ms) == pytest.approx(1.0, rel=0.01)
+    # the costs scale, the time outside the front end does not
+    fit = fit_scenario(t, sp, replace(loop, frontend_scale=2.0))
+    base = fit_scenario(t, sp, loop)
+    assert fit.latency.frontend_cpu_ms == pytest.approx(2 * base.latency.frontend_cpu_ms)
+    assert fit.latency.frontend_turn_ms == pytest.approx(2 * base.latency.frontend_turn_ms)
+    assert fit.latency.network_samples_ms == base.latency.network_samples_ms
+    lo, hi = FRONTEND_SCALE_RANGE
+    assert frontend_scale(t, sp, loop, fast, 0, 0.001) == lo
+    assert frontend_scale(t, sp, loop, fast, 0, 1e6) == hi

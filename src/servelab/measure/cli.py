@@ -308,6 +308,11 @@ def validate(
              "time and 0.5 ms more) from the trace of the gateway --serve starts, during "
              "each rate's warm-up, and simulate them (default: on with --serve and a "
              "warm-up).")] = None,
+    frontend_at_rate: Annotated[bool, typer.Option(
+        "--frontend-at-rate",
+        help="With a warm-up and a front-end station: scale the front end's fitted costs "
+             "at each rate so that the simulator gives the warm-up's mean latency.")
+                                ] = False,
     stability_percentage: Annotated[float | None, typer.Option(
         "--stability-percentage",
         help="As perf_analyzer: measure each rate in windows of --duration until the last "
@@ -343,7 +348,8 @@ def validate(
         if client_cpus is not None else None,
         frontend_workers=frontend_workers, frontend_cpu_ms=frontend_cpu_ms,
         frontend_event_loop=frontend_event_loop, frontend_answer_share=frontend_answer_share,
-        stalls=stalls, stability=_stability(stability_percentage, max_trials, percentile))
+        stalls=stalls, stability=_stability(stability_percentage, max_trials, percentile),
+        frontend_at_rate=frontend_at_rate)
 
     def say(message: str) -> None:
         if not as_json:

@@ -358,6 +358,10 @@ class RateCheck:
     # simulated them where it found any
     stalls: StallFit | None = None
     without_stalls: dict[str, Check] | None = None  # the same prediction without them
+    # --frontend-at-rate: the front end's costs as a multiple of the low-load fit, read
+    # from the warm-up (1: as fitted), and the prediction with the fitted costs
+    frontend_scale: float = 1.0
+    fixed_frontend: dict[str, Check] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.given_measured_compute
@@ -369,6 +373,10 @@ class RateCheck:
                 "given_measured_compute": None if g is None else g.to_dict(),
                 **({} if self.without_stalls is None
                    else {"without_stalls": checks_dict(self.without_stalls)}),
+                "frontend_scale": self.frontend_scale,
+                **({} if self.fixed_frontend is None
+                   else {"fixed_frontend": checks_dict(self.fixed_frontend)}),
+
                 "probe_drift": self.probe_drift, "probe_ms": self.probe_ms,
                 "warmup": None if self.warmup_measured is None else {
                     **({} if self.warmup is None else self.warmup.to_dict()),
@@ -394,6 +402,10 @@ class Profile:
     frontend_event_loop: bool = False
     frontend_turn_ms: float = 0.0  # an event loop's cost per turn (see frontend_fit)
     frontend_answer_ms: float = 0.0  # an event loop's cost per answer (see frontend_fit)
+    # The front end's speed at the rate predicted against its low-load fit: its costs
+    # are this many times the fitted ones (--frontend-at-rate, see frontend_scale); the
+    # time outside it stays as fitted at low load.
+    frontend_scale: float = 1.0
     # The most one-row requests a second any closed loop of the profile had answered: its
     # front end carried them, which bounds the front end's cost (see frontend_fit).
     closed_loop_per_s: float = 0.0
@@ -421,7 +433,8 @@ class Profile:
             "frontend": {"workers": self.frontend_workers, "cpu_ms": self.frontend_cpu_ms,
                          "event_loop": self.frontend_event_loop,
                          "turn_ms": self.frontend_turn_ms,
-                         "answer_ms": self.frontend_answer_ms},
+                         "answer_ms": self.frontend_answer_ms,
+                         "scale": self.frontend_scale},
             "probe_ms": None if self.probe is None else self.probe.exec_ms,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "host_cpu_steal": self.host_cpu_steal,
@@ -672,11 +685,12 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
                     "feature_fetch_ms": 0.0, "p99_slo_ms": 100.0},
     }
     if outside and prof.frontend_workers and (prof.frontend_cpu_ms or prof.frontend_answer_ms):
+        k = prof.frontend_scale
         raw["latency"].update(frontend_workers=prof.frontend_workers,
-                              frontend_cpu_ms=round(prof.frontend_cpu_ms, 6),
+                              frontend_cpu_ms=round(prof.frontend_cpu_ms * k, 6),
                               frontend_event_loop=prof.frontend_event_loop,
-                              frontend_turn_ms=round(prof.frontend_turn_ms, 6),
-                              frontend_answer_ms=round(prof.frontend_answer_ms, 6))
+                              frontend_turn_ms=round(prof.frontend_turn_ms * k, 6),
+                              frontend_answer_ms=round(prof.frontend_answer_ms * k, 6))
     if outside and prof.stalls is not None and prof.stalls.stalls:
         raw["latency"].update(stalls_per_s=round(min(prof.stalls.per_s, MAX_STALLS_PER_S), 6),
                               stall_samples_ms=list(prof.stalls.lengths_ms))
@@ -1028,7 +1042,8 @@ def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
 def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
                         rate: float, n: int, seed: int, closed_loop: Profile | None = None,
                         at_rate: bool = False, trace_dir: Path | None = None,
-                        stability: Stability | None = None) -> RateCheck:
+                        stability: Stability | None = None,
+                        frontend_at_rate: bool = False) -> RateCheck:
     """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals,
     and the diagnosis with the run's own measured compute time. With `closed_loop` (the
     profile before calibration under load), its prediction too, for reference.
@@ -1083,6 +1098,13 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
             stalled[0].stalls = stalls
             warm = stalled
     used = prof if warm is None else warm[0]
+    fixed_frontend = None
+    if frontend_at_rate and warm_step is not None and used.frontend_workers:
+        m = max(WARMUP_MIN, min(int(n * WARMUP_SHARE), n))
+        k = frontend_scale(t, sp, used, poisson_offsets(rate, m, seed + WARMUP_SEED),
+                           seed, warm_step.mean_ms)
+        fixed_frontend = compare(measured, predict(fit_scenario(t, sp, used), offsets, seed))
+        used = replace(used, frontend_scale=k)
     predicted = predict(fit_scenario(t, sp, used), offsets, seed)
     base = closed_loop if closed_loop is not None else (prof if warm is not None else None)
     uncalibrated = None if base is None else compare(
@@ -1094,7 +1116,7 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         given_measured_compute(t, sp, closed_loop or prof, in_run, offsets, seed, measured,
                                sent_s=sent[0] if sent else None),
         drift, None if now is None else now.exec_ms, None if warm is None else warm[1],
-        warm_step, stalls, no_stalls)
+        warm_step, stalls, no_stalls, used.frontend_scale, fixed_frontend)
 
 
 def _summed_deltas(pairs: list[tuple[Any, Any]]) -> dict[int, tuple[int, int]]:
@@ -1108,6 +1130,38 @@ def _summed_deltas(pairs: list[tuple[Any, Any]]) -> dict[int, tuple[int, int]]:
             c0, ns0 = out.get(k, (0, 0))
             out[k] = (c0 + c, ns0 + ns)
     return out
+
+
+FRONTEND_SCALE_RANGE = (0.25, 4.0)
+
+
+def frontend_scale(t: Target, sp: ServerPolicy, prof: Profile, offsets_s: np.ndarray,
+                   seed: int, measured_mean_ms: float) -> float:
+    """--frontend-at-rate: the multiple of the front end's fitted costs with which the
+    simulator, on the warm-up's own send times, gives the warm-up's measured mean latency
+    (bisection; the mean grows with the multiple). On two cores shared by the client, the
+    event loop, the batcher and the model, the loop's work takes longer under load than
+    alone (2026-12-05, the Intel VM: at 80% of saturation the mean latency 0.96 ms over
+    the prediction, 0.68 ms of it outside the batcher, with the host 70% busy). Over
+    nine runs there it moved p50 at 80% of saturation from 14% short on average to 7%
+    long, but made the mean batch 4-18% too big there, and met the issue's target at 11
+    of 27 rates against 10 with the fitted costs: off by default."""
+    def mean_at(k: float) -> float:
+        return predict(fit_scenario(t, sp, replace(prof, frontend_scale=k)), offsets_s,
+                       seed).mean_ms
+
+    lo, hi = FRONTEND_SCALE_RANGE
+    if mean_at(lo) >= measured_mean_ms:
+        return lo
+    if mean_at(hi) <= measured_mean_ms:
+        return hi
+    for _ in range(12):  # to 0.1% of the range
+        mid = (lo + hi) / 2
+        if mean_at(mid) < measured_mean_ms:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Profile,
@@ -1166,6 +1220,11 @@ def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
                    f"before it ({sizes}; x{w.profile_scale:.2f} of the profile there); "
                    "closed_loop_profile holds the profile's own prediction")
         out.extend(stall_notes(r, at))
+        if r.fixed_frontend is not None:
+            out.append(f"{at} the front end's costs read x{r.frontend_scale:.2f} of the "
+                       "low-load fit from the warm-up's mean latency (the work shares the "
+                       "CPUs with the client, the batcher and the model under load); "
+                       "fixed_frontend holds the prediction with the fitted costs")
     return out
 
 
@@ -1376,6 +1435,9 @@ class ValidationSpec:
     # perf_analyzer's stable measurement (measure/stability.py): each rate's run in
     # windows of duration_s until the last three agree; None: one window
     stability: Stability = field(default_factory=Stability)
+    # The front end's costs at each rate scaled to give the warm-up's mean latency
+    # (see frontend_scale); off by default (nine runs, 2026-12-05: no more rates met)
+    frontend_at_rate: bool = False
 
     def __post_init__(self) -> None:
         if self.stalls and (self.serve is None or not self.at_rate):
@@ -1593,7 +1655,8 @@ def run_validation(spec: ValidationSpec, *,
             rows.append(measure_and_predict(
                 target, meta, sp, prof, rate, n, spec.seed + k,
                 closed_loop=closed_prof if prof is not closed_prof else None,
-                at_rate=spec.at_rate, trace_dir=trace_dir, stability=spec.stability))
+                at_rate=spec.at_rate, trace_dir=trace_dir, stability=spec.stability,
+                frontend_at_rate=spec.frontend_at_rate))
     ok, misses = verdict(rows)
     return ValidationReport(
         model=name, url=target.base, policy_source=sp.source, cpus=pinned,
