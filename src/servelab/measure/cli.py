@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import sys
 import threading
 from collections.abc import Iterator
@@ -142,15 +143,17 @@ def _warn_behind(step: Any) -> None:
 
 def _spread(xs: list[float]) -> str:
     """The largest of the last three over the smallest, as a percentage above it."""
-    last = xs[-3:]
-    lo, hi = min(last), max(last)
-    return f"+{hi / lo - 1:.0%}" if lo > 0 else "n/a"
+    from servelab.measure.stability import last_spread
+
+    s = last_spread(xs)
+    return "n/a" if math.isnan(s) else f"+{s:.0%}"
 
 
 def _stability(percentage: float | None, max_trials: int, percentile: int | None) -> Any:
     from servelab.measure.stability import Stability
 
-    if percentage is None and (max_trials != 10 or percentile is not None):
+    if percentage is None and (max_trials != Stability().max_trials
+                               or percentile is not None):
         raise invalid("--max-trials/--percentile", (max_trials, percentile),
                       "--stability-percentage with them (they say how windows are judged)",
                       "add --stability-percentage 10, or leave them out")

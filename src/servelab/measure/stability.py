@@ -69,14 +69,18 @@ class Stability:
         the largest over the smallest at most 1 + percentage / 100."""
         if self.percentage is None or len(per_s) < STABILITY_WINDOW:
             return False
-        limit = 1 + self.percentage / 100
-        for xs in (per_s[-STABILITY_WINDOW:], latency_ms[-STABILITY_WINDOW:]):
-            if not all(math.isfinite(x) for x in xs):  # (min and max pass a NaN by)
-                return False
-            lo, hi = min(xs), max(xs)
-            if not (lo > 0 and hi / lo <= limit):
-                return False
-        return True
+        limit = self.percentage / 100
+        return all(last_spread(xs) <= limit for xs in (per_s, latency_ms))  # (NaN: False)
+
+
+def last_spread(xs: Sequence[float]) -> float:
+    """How far the largest of the last STABILITY_WINDOW values is above the smallest, as
+    a fraction of it; NaN where one is not a positive finite number."""
+    last = xs[-STABILITY_WINDOW:]
+    if not last or not all(math.isfinite(x) for x in last):  # (min and max pass a NaN by)
+        return math.nan
+    lo = min(last)
+    return max(last) / lo - 1 if lo > 0 else math.nan
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ from servelab.measure.loadgen import (
     run_closed_loop,
     run_open_loop,
 )
-from servelab.measure.stability import Stability
+from servelab.measure.stability import Stability, last_spread
 from servelab.measure.stall_fit import STALL_FACTOR, STALL_MIN_MS, StallFit, fit_stalls
 from servelab.report import jsonable
 from servelab.scenario import (
@@ -376,7 +376,6 @@ class RateCheck:
                 "frontend_scale": self.frontend_scale,
                 **({} if self.fixed_frontend is None
                    else {"fixed_frontend": checks_dict(self.fixed_frontend)}),
-
                 "probe_drift": self.probe_drift, "probe_ms": self.probe_ms,
                 "warmup": None if self.warmup_measured is None else {
                     **({} if self.warmup is None else self.warmup.to_dict()),
@@ -1100,9 +1099,8 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     used = prof if warm is None else warm[0]
     fixed_frontend = None
     if frontend_at_rate and warm_step is not None and used.frontend_workers:
-        m = max(WARMUP_MIN, min(int(n * WARMUP_SHARE), n))
-        k = frontend_scale(t, sp, used, poisson_offsets(rate, m, seed + WARMUP_SEED),
-                           seed, warm_step.mean_ms)
+        k = frontend_scale(t, sp, used, warmup_offsets(rate, n, seed), seed,
+                           warm_step.mean_ms)
         fixed_frontend = compare(measured, predict(fit_scenario(t, sp, used), offsets, seed))
         used = replace(used, frontend_scale=k)
     predicted = predict(fit_scenario(t, sp, used), offsets, seed)
@@ -1164,6 +1162,13 @@ def frontend_scale(t: Target, sp: ServerPolicy, prof: Profile, offsets_s: np.nda
     return (lo + hi) / 2
 
 
+def warmup_offsets(rate: float, n: int, seed: int) -> np.ndarray:
+    """The warm-up's send times for a rate of `n` requests: WARMUP_SHARE of them (at least
+    WARMUP_MIN), drawn from seed + WARMUP_SEED."""
+    m = max(WARMUP_MIN, min(int(n * WARMUP_SHARE), n))
+    return poisson_offsets(rate, m, seed + WARMUP_SEED)
+
+
 def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Profile,
                    rate: float, n: int, seed: int
                    ) -> tuple[LoadStep, tuple[Profile, SizeFit] | None]:
@@ -1172,10 +1177,10 @@ def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Pro
     the batch times the server showed in it (`with_sizes` as the diagnosis uses it: each
     size run MIN_RUN_BATCHES times or more as measured, the others on the warm-up's line
     through them), None where the server has no statistics or ran no size that often."""
-    m = max(WARMUP_MIN, min(int(n * WARMUP_SHARE), n))
+    offsets = warmup_offsets(rate, n, seed)
     before = batch_stats(t)
-    step = LoadStep.of(measure_rate(t, bodies, rate, m, seed + WARMUP_SEED, 256,
-                                    offsets=poisson_offsets(rate, m, seed + WARMUP_SEED)))
+    step = LoadStep.of(measure_rate(t, bodies, rate, offsets.size, seed + WARMUP_SEED, 256,
+                                    offsets=offsets))
     after = batch_stats(t)
     if before is None or after is None:
         return step, None
@@ -1236,8 +1241,7 @@ def stability_notes(rows: list[RateCheck]) -> list[str]:
         st = r.measured.stability
         if st is None:
             continue
-        lat = st["window_latency_ms"][-3:]
-        spread = max(lat) / min(lat) - 1 if lat and min(lat) > 0 else math.nan
+        spread = last_spread(st["window_latency_ms"])
         if st["stable"]:
             out.append(f"at {r.rate_per_s:g}/s the measurement settled after {st['windows']} "
                        f"windows: the last three agreed (latency within {spread:.0%}), and "
