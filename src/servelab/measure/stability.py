@@ -16,6 +16,7 @@ are joined end to end (`joined`) into the step's result, so every figure of the 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -85,28 +86,33 @@ def last_spread(xs: Sequence[float]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Windows(Generic[T]):
-    """A step's windows: each window's result and what came with it, which were kept (the
-    last three, or the one window without a check), and whether they agreed."""
+    """A step's windows: the kept ones' results and what came with each (the last three,
+    or the one window without a check; earlier windows are let go as the step runs, so a
+    step holds at most three windows' requests), whether they agreed, and every window's
+    throughput and latency."""
 
     results: tuple[LoadResult, ...]
     extras: tuple[T, ...]
-    kept: int  # the last `kept` windows make the step
     stable: bool | None  # None: no check asked for
     per_s: tuple[float, ...]
     latency_ms: tuple[float, ...]
 
     @property
+    def kept(self) -> int:
+        return len(self.results)
+
+    @property
     def used(self) -> tuple[LoadResult, ...]:
-        return self.results[-self.kept:]
+        return self.results
 
     @property
     def used_extras(self) -> tuple[T, ...]:
-        return self.extras[-self.kept:]
+        return self.extras
 
     def summary(self) -> dict[str, object]:
         """For the report: how many windows ran, whether the last three agreed, and each
         window's throughput and latency."""
-        return {"windows": len(self.results), "kept": self.kept, "stable": self.stable,
+        return {"windows": len(self.per_s), "kept": self.kept, "stable": self.stable,
                 "window_per_s": [round(x, 3) for x in self.per_s],
                 "window_latency_ms": [round(x, 4) for x in self.latency_ms]}
 
@@ -114,16 +120,14 @@ class Windows(Generic[T]):
 def take(window: Callable[[int], tuple[LoadResult, T]], how: Stability) -> Windows[T]:
     """Run `window(j)` for j = 0, 1, ... until the last three agree or `how.max_trials`
     ran (one window when no check is asked for)."""
-    results: list[LoadResult] = []
-    extras: list[T] = []
+    results: deque[tuple[LoadResult, T]] = deque(maxlen=STABILITY_WINDOW)
     per_s: list[float] = []
     lat: list[float] = []
     trials = how.max_trials if how.on else 1
     stable: bool | None = None
     for j in range(trials):
         res, extra = window(j)
-        results.append(res)
-        extras.append(extra)
+        results.append((res, extra))
         per_s.append(float(res.summary()["achieved_per_s"]))
         lat.append(how.latency_ms(res))
         if how.on and how.agree(per_s, lat):
@@ -131,8 +135,8 @@ def take(window: Callable[[int], tuple[LoadResult, T]], how: Stability) -> Windo
             break
     else:
         stable = False if how.on else None
-    kept = min(STABILITY_WINDOW, len(results)) if how.on else 1
-    return Windows(tuple(results), tuple(extras), kept, stable, tuple(per_s), tuple(lat))
+    return Windows(tuple(r for r, _ in results), tuple(e for _, e in results), stable,
+                   tuple(per_s), tuple(lat))
 
 
 def joined(results: Sequence[LoadResult]) -> LoadResult:
