@@ -81,6 +81,25 @@ def test_a_batcher_that_wins_the_race_grows_the_waiting_payload():
     assert float((again.start_ns - again.arrival_ns).mean()) == queue[1]
 
 
+def test_a_batcher_that_wins_the_race_runs_until_it_hands_a_payload_over():
+    # max_batch_size 2, a 0.1 ms delay, 1 ms batches, batcher_first = 1.
+    # [0, 0] runs 0-1 ms. 0.5 and 0.55 make 2, a preferred size: payload [0.5, 0.55]
+    #   closes at 0.55 ms and waits (not saturated: it reached its size before the delay).
+    # 0.85 does not wake the thread (next_preferred is 2).
+    # 1 ms: the instance is freed and the thread looks first. The waiting payload is full,
+    #   so the thread starts a new one, and 0.85 (past its delay) goes into it at once and
+    #   is handed over; only then does the instance take [0.5, 0.55]. Taking it, the
+    #   instance finds [0.85] waited past the delay and marks it executing, though it does
+    #   not fit (InstanceQueue::Dequeue), so [0.85] grows no more.
+    # 1.05, 1.05 then start a payload of their own: [0.85] runs alone at 2 ms, they at 3.
+    # (Had the head start ended after the thread's first pass, the instance would take
+    # [0.5, 0.55] before [0.85] was handed over, and 1.05 would join [0.85].)
+    r = run_ms([0, 0, 0.5, 0.55, 0.85, 1.05, 1.05], 1.0, max_batch_size=2,
+               max_queue_delay_microseconds=100, batcher_first=1.0)
+    assert starts_ms(r) == [0.0, 0.0, 1.0, 1.0, 2.0, 3.0, 3.0]
+    assert sizes(r) == [2, 2, 1, 2]
+
+
 def test_a_preferred_size_reached_while_busy_closes_at_once():
     # max_batch_size 4 (so preferred = [4]) and a 100 ms delay. The instance is idle until
     # 0, 1, 2, 3 ms make four: they start at 3 ms and run to 13 ms. 4..7 ms reach

@@ -50,7 +50,9 @@ priority level:
    it (the "race" of the issue's traces: the instance usually wins), so the
    thread then starts a new payload and later arrivals wait one more batch.
    ``batcher_first`` is the share of completions at which the thread looks
-   first instead (and grows the waiting payload), drawn per completion from
+   first instead (and grows the waiting payload; if that one is full, the thread
+   starts a new payload, and the instance takes only once the thread has handed
+   requests over or gone back to sleep), drawn per completion from
    the run's seed; ``servelab replay-trace`` fits it to a Triton trace (0.08
    to 0.15 for PyTriton's Triton on a 2-core machine, measured).
 6. **The lost wake-up** (opt-in, ``lost_wakeup``; measured, not read from the
@@ -513,14 +515,15 @@ def run_batcher_triton(
         # until it sleeps or blocks; each payload it hands over is taken by an
         # idle instance at once. At a completion the thread may win the race and look
         # first (``batcher_first``), growing the waiting payload before it is taken.
-        skip_take = (completed and batcher_first > 0.0
-                     and _slot_free(prefetch, rq_count, slots, n_idle)
-                     and (batcher_first >= 1.0 or np.random.random() < batcher_first))
+        head_start = (completed and batcher_first > 0.0
+                      and _slot_free(prefetch, rq_count, slots, n_idle)
+                      and (batcher_first >= 1.0 or np.random.random() < batcher_first))
         running = True
         while True:
-            if skip_take:
-                skip_take = False
-            else:
+            # The head start lasts while the thread loops without handing anything over
+            # (a pass that only starts a new payload): it ends when the thread takes
+            # requests or stops.
+            if not (head_start and running):
                 while n_idle > 0 and rq_count > 0:
                     s0 = seg_start[rq_head]
                     size = seg_len[rq_head]
@@ -593,6 +596,7 @@ def run_batcher_triton(
                     queue[m_tail + j] = queue[p_head + j]
                 m_tail += take
                 p_head += take
+                head_start = False
                 continue
             if wait_us > 0:
                 timer = t + wait_us * 1000
