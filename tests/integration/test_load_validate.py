@@ -221,6 +221,14 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
         assert all(n >= 20 for n in w["batches"].values())
         assert w["sizes_ms"]["1"] > 0
         assert set(r["closed_loop_profile"]) == set(r["compare"])
+        # the warm-up held to the run as a prediction: does the measurement repeat?
+        held = w["as_prediction"]
+        assert held["p50_ms"]["measured"] == r["measured"]["p50_ms"]
+        assert held["p50_ms"]["predicted"] == w["measured"]["p50_ms"]
+        assert held["mean_batch"]["measured"] == r["measured"]["mean_batch"]
+        repeated = all(c["ok"] is not False for c in held.values())
+        assert repeated != any(n.startswith(f"at {r['rate_per_s']:g}/s the measurement did "
+                                            "not repeat") for n in report["notes"])
         # ... and the stalls in the warm-up's batches are read from the gateway's trace
         # (the run's requests written within half a second): every batch of the warm-up
         st = w["stalls"]

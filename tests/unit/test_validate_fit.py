@@ -463,7 +463,13 @@ def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_cal
     from dataclasses import replace as with_
 
     from servelab.errors import InputError
-    from servelab.measure.validate import SizeFit, ValidationSpec, warmup_notes
+    from servelab.measure.validate import (
+        SizeFit,
+        ValidationSpec,
+        checks_dict,
+        warmup_as_prediction,
+        warmup_notes,
+    )
     from tests.conftest import rate_check
 
     fit = SizeFit({"1": 1.25, "2": 1.5}, {"1": 40, "2": 22}, 0.8, (1.0, 0.25))
@@ -489,8 +495,45 @@ def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_cal
     d = rows[0].to_dict()["warmup"]
     assert d["sizes_ms"] == {"1": 1.25, "2": 1.5}
     assert d["measured"]["requests"] == load_step().requests
-    assert rows[1].to_dict()["warmup"] == {"measured": failed.to_dict(), "stalls": None}
+    assert rows[1].to_dict()["warmup"] == {
+        "measured": failed.to_dict(), "stalls": None,
+        "as_prediction": checks_dict(warmup_as_prediction(rows[1].measured, failed))}
     assert rows[2].to_dict()["warmup"] is None
+
+
+def test_a_run_that_does_not_repeat_its_own_warm_up_is_flagged():
+    """The warm-up at a rate held to the run at that rate as if it were the prediction:
+    each figure the target holds gets its error and verdict, in the JSON and, where one
+    misses its tolerance, in a note naming the rate, the figure and both values."""
+    from dataclasses import replace as with_
+
+    from servelab.measure.validate import repeat_notes, warmup_as_prediction
+    from tests.conftest import rate_check
+
+    run = {"p50_ms": 10.0, "p99_ms": 40.0, "server": {"mean_batch": 5.0}}
+    close = load_step(p50_ms=10.5, p99_ms=35.0, server={"mean_batch": 4.8})
+    far = load_step(p50_ms=7.0, p99_ms=20.0, server={"mean_batch": 4.8})
+    c = warmup_as_prediction(load_step(**run), close)
+    assert c["p50_ms"].error == pytest.approx(0.05)
+    assert c["p50_ms"].ok
+    assert c["p99_ms"].error == pytest.approx(-0.125)
+    assert c["p99_ms"].ok
+    assert c["mean_batch"].error == pytest.approx(-0.04)
+    assert c["mean_batch"].ok
+    rows = [with_(rate_check(500.0, **run), warmup_measured=close),
+            with_(rate_check(1000.0, **run), warmup_measured=far),
+            rate_check(1500.0, **run)]  # no warm-up: nothing to hold
+    (note,) = repeat_notes(rows)
+    assert note.startswith("at 1000/s the measurement did not repeat itself")
+    assert "p50 7 against the run's 10 (-30%)" in note
+    assert "p99 20 against the run's 40 (-50%)" in note
+    assert "mean batch" not in note  # within its 10%
+    # a warm-up without the server's statistics: its mean batch is not judged
+    bare = warmup_as_prediction(load_step(**run), load_step(p50_ms=10.0, p99_ms=40.0))
+    assert bare["mean_batch"].error is None
+    assert bare["mean_batch"].ok is None
+    assert bare["p50_ms"].ok
+    assert bare["p99_ms"].ok
 
 
 def test_the_warm_ups_stalls_are_read_from_the_gateways_trace_and_simulated(tmp_path):

@@ -285,7 +285,7 @@ class Check:
     within its tolerance (None where the figure is not judged or not measured)."""
 
     measured: float | None
-    predicted: float
+    predicted: float | None  # None: the side held to the measurement lacks the figure
     error: float | None
     tolerance: float | None
     ok: bool | None
@@ -380,6 +380,8 @@ class RateCheck:
                 "warmup": None if self.warmup_measured is None else {
                     **({} if self.warmup is None else self.warmup.to_dict()),
                     "measured": self.warmup_measured.to_dict(),
+                    "as_prediction": checks_dict(
+                        warmup_as_prediction(self.measured, self.warmup_measured)),
                     "stalls": None if self.stalls is None else self.stalls.to_dict()}}
 
 
@@ -893,15 +895,32 @@ def compare(measured: LoadStep, predicted: Prediction) -> dict[str, Check]:
          "queue_ms": measured.server.get("server_queue_ms"),
          "compute_ms": measured.server.get("server_compute_ms"),
          "throughput_per_s": measured.achieved_per_s}
-    out: dict[str, Check] = {}
-    for k, meas in m.items():
-        pred = getattr(predicted, k)
-        err = ((pred - meas) / meas if meas not in (None, 0) and meas is not None
-               and math.isfinite(meas) and math.isfinite(pred) else None)
-        tol = TOLERANCE.get(k)
-        out[k] = Check(meas, pred, err, tol, None if tol is None or err is None
-                       else abs(err) <= tol)
-    return out
+    return {k: judged(k, meas, getattr(predicted, k)) for k, meas in m.items()}
+
+
+def judged(key: str, measured: float | None, predicted: float | None) -> Check:
+    """One figure held to its tolerance: its relative error, and whether it is within
+    TOLERANCE[key] (None where the figure is not judged or either side is missing)."""
+    err = ((predicted - measured) / measured
+           if measured is not None and predicted is not None and measured != 0
+           and math.isfinite(measured) and math.isfinite(predicted) else None)
+    tol = TOLERANCE.get(key)
+    return Check(measured, predicted, err, tol,
+                 None if tol is None or err is None else abs(err) <= tol)
+
+
+REPEAT_KEYS = ("mean_batch", "p50_ms", "p99_ms")  # the figures the target holds
+
+
+def warmup_as_prediction(run: LoadStep, warm: LoadStep) -> dict[str, Check]:
+    """The warm-up at a rate held to the run at the same rate, as if it were the
+    prediction: whether the measurement repeats itself. Both ran on the same server at
+    the same rate moments apart, so where the warm-up misses a tolerance, no prediction
+    made before the run (from the warm-up or anything else measured then) can be judged
+    on that rate's figures more finely than the measurement itself varies."""
+    def fig(step: LoadStep, k: str) -> float | None:
+        return step.server.get(k) if k == "mean_batch" else getattr(step, k)
+    return {k: judged(k, fig(run, k), fig(warm, k)) for k in REPEAT_KEYS}
 
 
 def drift_scale(prof: Profile, now: Probe | None) -> float:
@@ -1230,6 +1249,28 @@ def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
                        "low-load fit from the warm-up's mean latency (the work shares the "
                        "CPUs with the client, the batcher and the model under load); "
                        "fixed_frontend holds the prediction with the fitted costs")
+    return out
+
+
+def repeat_notes(rows: list[RateCheck]) -> list[str]:
+    """The rates whose run did not repeat its own warm-up: the warm-up, held to the run
+    as a prediction, misses a tolerance (see warmup_as_prediction)."""
+    out = []
+    for r in rows:
+        if r.warmup_measured is None:
+            continue
+        off = {k: c for k, c in warmup_as_prediction(r.measured, r.warmup_measured).items()
+               if c.ok is False}
+        if not off:
+            continue
+        figs = ", ".join(f"{k.removesuffix('_ms').replace('_', ' ')} {c.predicted:.3g} "
+                         f"against the run's {c.measured:.3g} ({c.error:+.0%})"
+                         for k, c in off.items() if c.error is not None)
+        out.append(f"at {r.rate_per_s:g}/s the measurement did not repeat itself: the warm-up "
+                   f"at this rate just before the run measured {figs}, beyond the "
+                   "tolerance; a prediction made before the run cannot be judged there "
+                   "more finely than that (warmup.as_prediction; --stability-percentage "
+                   "or a quieter machine)")
     return out
 
 
@@ -1668,4 +1709,5 @@ def run_validation(spec: ValidationSpec, *,
         closed_loop_profile=closed_prof if prof is not closed_prof else None,
         rates=tuple(rows), within_tolerance=ok, misses=tuple(misses),
         notes=tuple(notes_for(rows, prof) + saturation_notes(sat, closed)
-                    + warmup_notes(rows, spec.at_rate) + stability_notes(rows)), fit=fit)
+                    + warmup_notes(rows, spec.at_rate) + repeat_notes(rows)
+                    + stability_notes(rows)), fit=fit)
