@@ -59,6 +59,13 @@ def test_any_text_is_a_cpu_set_of_allowed_cpus_or_a_clear_error(text):
     assert got <= set(ALLOWED)
 
 
+def test_free_ports_are_never_handed_out_twice():
+    """A server that takes several ports draws them all before binding any (Triton: HTTP,
+    gRPC, metrics), so the same port twice would stop it from starting."""
+    ports = [free_port() for _ in range(500)]
+    assert len(set(ports)) == len(ports)
+
+
 def test_a_server_started_pinned_runs_on_those_cpus_alone(tmp_path: Path):
     port = free_port()
     cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",

@@ -5,6 +5,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servelab.measure.validate import (
     Probe,
@@ -613,3 +615,39 @@ def test_the_front_ends_speed_at_a_rate_is_read_back_from_a_warm_up():
     lo, hi = FRONTEND_SCALE_RANGE
     assert frontend_scale(t, sp, loop, fast, 0, 0.001) == lo
     assert frontend_scale(t, sp, loop, fast, 0, 1e6) == hi
+
+
+FIGURE = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.just(0.0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(run=st.tuples(FIGURE, FIGURE, st.one_of(st.none(), FIGURE)),
+       warm=st.tuples(FIGURE, FIGURE, st.one_of(st.none(), FIGURE)))
+def test_the_warm_up_held_to_the_run_takes_any_figures(run, warm):
+    """Any figures a step can hold (0, NaN, infinities, no server statistics): the
+    warm-up held to the run gives an error only where both sides are finite and the
+    run's is not 0, a verdict exactly where there is an error, and the note never
+    raises."""
+    from dataclasses import replace as with_
+
+    from servelab.measure.validate import repeat_notes, warmup_as_prediction
+    from tests.conftest import rate_check
+
+    def step(f):  # type: ignore[no-untyped-def]
+        p50, p99, batch = f
+        return load_step(p50_ms=p50, p99_ms=p99,
+                         server={} if batch is None else {"mean_batch": batch})
+
+    checks = warmup_as_prediction(step(run), step(warm))
+    for k, c in checks.items():
+        judgeable = (c.measured is not None and c.predicted is not None and c.measured != 0
+                     and np.isfinite(c.measured) and np.isfinite(c.predicted))
+        assert (c.error is not None) == judgeable, (k, c)
+        assert (c.ok is None) == (c.error is None), (k, c)
+        if c.error is not None:
+            assert c.ok == (abs(c.error) <= c.tolerance)
+    row = with_(rate_check(100.0, p50_ms=run[0], p99_ms=run[1],
+                           server={} if run[2] is None else {"mean_batch": run[2]}),
+                warmup_measured=step(warm))
+    notes = repeat_notes([row])
+    assert len(notes) == int(any(c.ok is False for c in checks.values()))

@@ -63,23 +63,40 @@ def pin_this_process(cpus: frozenset[int]) -> None:
 # while two test workers ran servers and clients at once, 2026-12-05).
 SERVER_PORTS = (20_000, 32_000)
 PORT_TRIES = 200
+# Ports this process has handed out, never handed out twice: a server that takes three
+# ports draws them before it binds any, and Triton refuses to start (printing its usage)
+# when two of them are the same, which a CI run met once (2026-12-06). Capped: cleared
+# once it holds this many.
+_HANDED_OUT: set[int] = set()
+MAX_HANDED_OUT = 4_000
 
 
 def free_port() -> int:
     """A port free on every address for a server about to start, drawn at random below
-    the ephemeral range (SERVER_PORTS); one the kernel picks if none of PORT_TRIES is."""
+    the ephemeral range (SERVER_PORTS) and not handed out by this process before; one the
+    kernel picks if none of PORT_TRIES is."""
+    if len(_HANDED_OUT) >= MAX_HANDED_OUT:
+        _HANDED_OUT.clear()
     rng = random.Random()
     for _ in range(PORT_TRIES):
         port = rng.randrange(*SERVER_PORTS)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("0.0.0.0", port))
             except OSError:
                 continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        _HANDED_OUT.add(port)
+        return port
+    for _ in range(PORT_TRIES):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            break
+    _HANDED_OUT.add(port)
+    return port
 
 
 @contextlib.contextmanager
@@ -109,7 +126,10 @@ def server_process(cmd: list[str], ready_url: str, timeout_s: float = 60.0,
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
                 err = log.read().decode(errors="replace")
-                raise StoreError(f"{' '.join(cmd[:4])} did not start: {err[-2000:]}")
+                # its first lines and its last: a server that prints its usage after
+                # the error (Triton) buries the cause at the top
+                said = err if len(err) <= 2000 else f"{err[:800]} [...] {err[-1200:]}"
+                raise StoreError(f"{' '.join(cmd[:4])} did not start: {said}")
             time.sleep(0.2)
         yield proc
     finally:
