@@ -10,9 +10,9 @@ measurement of each rate is then scored three ways:
   trace showed (measure/stall_fit.py);
 - **no stalls**: the same without the stalls (the warm-up's batch times as the server's
   statistics count them), where the warm-up showed any;
-- **fixed front end**: with `--frontend-at-rate` (validate's, off by default), the
-  prediction with the front end's costs as fitted at low load, where "at rate" scales
-  them to give the warm-up's mean latency;
+- **fixed front end**: the prediction with the front end's costs as fitted at low load,
+  where "at rate" scales them to give the warm-up's median latency (validate's default;
+  `--no-frontend-at-rate` predicts with the fitted costs, and this row is then empty);
 - **profile**: the closed-loop profile's, as `validate --no-calibrate-at-rate` predicts;
 - **given the run's**: the diagnosis, the run's own batch times (not a prediction: what
   is left once the service time is exactly right);
@@ -89,7 +89,7 @@ def cell(c: dict[str, Any] | None) -> str:
 def rates_of(run: int, duration: float, triton: bool,
              cpus: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
              answer_share: float | None = None, stability: Stability | None = None,
-             frontend_at_rate: bool = False) -> tuple[list[dict[str, Any]], float]:
+             frontend_at_rate: bool | None = None) -> tuple[list[dict[str, Any]], float]:
     """One validate run's rates as validation.json writes them, and its saturation (0
     with --triton's given rates); `cpus`: the server's and the client's, or None;
     `answer_share`: validate's --frontend-answer-share (None: its default)."""
@@ -132,9 +132,9 @@ def main() -> None:
     ap.add_argument("--stability-percentage", type=float, help="validate's: each rate in "
                     "windows of --duration until the last three agree within this")
     ap.add_argument("--max-trials", type=int, default=10)
-    ap.add_argument("--frontend-at-rate", action="store_true", help="validate's: the front "
-                    "end's costs scaled at each rate to give the warm-up's mean latency "
-                    "(the same measurement is also predicted with the fitted costs)")
+    ap.add_argument("--no-frontend-at-rate", dest="frontend_at_rate", action="store_const",
+                    const=False, default=None, help="validate's: the front end's costs as "
+                    "fitted at low load, not scaled at each rate from the warm-up")
     a = ap.parse_args()
     stability = Stability(a.stability_percentage, a.max_trials)
     server_cpus, client_cpus = (None if v is None else tuple(sorted(parse_cpus(flag, v)))

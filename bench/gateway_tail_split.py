@@ -26,12 +26,12 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from servelab.gateway.demo import VALIDATION_MLP, write_mlp  # noqa: E402
 from servelab.measure.load import metadata, parse_url  # noqa: E402
-from servelab.measure.loadgen import poisson_offsets, run_open_loop  # noqa: E402
+from servelab.measure.loadgen import LoadResult, poisson_offsets, run_open_loop  # noqa: E402
 from servelab.measure.process import free_port, server_process  # noqa: E402
 from servelab.measure.replay import IN_ORDER, replay  # noqa: E402
 from servelab.measure.validate import http_request, random_bodies  # noqa: E402
 from servelab.scenario import BatchingPolicy  # noqa: E402
-from servelab.trace_file import read_trace  # noqa: E402
+from servelab.trace_file import TraceRequests, read_trace  # noqa: E402
 
 POLICY = BatchingPolicy(max_batch_size=32, max_queue_delay_microseconds=2000)  # the demo's
 
@@ -40,7 +40,10 @@ def pct(a: np.ndarray) -> str:
     return " ".join(f"{np.percentile(a, p):6.2f}" for p in (50, 90, 99))
 
 
-def one_run(model: Path, rate: float, duration: float, seed: int, folder: Path) -> None:
+def traced_run(model: Path, rate: float, duration: float, seed: int, folder: Path
+               ) -> tuple[LoadResult, TraceRequests]:
+    """A fresh gateway with --trace-file serving `model`: 3 s at 300/s, then an open-loop
+    Poisson run at `rate` (`seed`'s arrivals); the run's result and the whole trace."""
     port = free_port()
     trace = folder / f"trace_{seed}_{time.monotonic_ns()}.json"
     url = f"http://127.0.0.1:{port}"
@@ -53,7 +56,11 @@ def one_run(model: Path, rate: float, duration: float, seed: int, folder: Path) 
         asyncio.run(run_open_loop(t.host, t.port, reqs, poisson_offsets(300, 900, 1)))
         res = asyncio.run(run_open_loop(t.host, t.port, reqs,
                                         poisson_offsets(rate, int(rate * duration), seed)))
-    tr = read_trace(sorted(folder.glob(trace.name + ".*")) or [trace])
+    return res, read_trace(sorted(folder.glob(trace.name + ".*")) or [trace])
+
+
+def one_run(model: Path, rate: float, duration: float, seed: int, folder: Path) -> None:
+    res, tr = traced_run(model, rate, duration, seed, folder)
     n = res.latency_ms.size
     order = np.argsort(tr.queue_ns)[-n:]  # the run's requests, after the warm-up's
     queue = (tr.start_ns[order] - tr.queue_ns[order]) / 1e6

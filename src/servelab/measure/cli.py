@@ -311,11 +311,11 @@ def validate(
              "time and 0.5 ms more) from the trace of the gateway --serve starts, during "
              "each rate's warm-up, and simulate them (default: on with --serve and a "
              "warm-up).")] = None,
-    frontend_at_rate: Annotated[bool, typer.Option(
-        "--frontend-at-rate",
+    frontend_at_rate: Annotated[bool | None, typer.Option(
+        "--frontend-at-rate/--no-frontend-at-rate",
         help="With a warm-up and a front-end station: scale the front end's fitted costs "
-             "at each rate so that the simulator gives the warm-up's mean latency.")
-                                ] = False,
+             "at each rate so that the simulator gives the warm-up's median latency "
+             "(default: on with a warm-up).")] = None,
     stability_percentage: Annotated[float | None, typer.Option(
         "--stability-percentage",
         help="As perf_analyzer: measure each rate in windows of --duration until the last "

@@ -32,13 +32,16 @@ MAX_IDLE_NS = 1_000_000_000  # a keep-alive connection idle longer is not reused
 @dataclass(frozen=True, slots=True)
 class LoadResult:
     """Per request: intended and actual send time, completion (ns from the start), status
-    (HTTP code, 0 for a transport error or a timeout)."""
+    (HTTP code, 0 for a transport error or a timeout). `t0_ns`: the start on this
+    machine's monotonic clock (time.monotonic_ns), which a server's trace on the same
+    machine shares; 0 where not known."""
 
     intended_ns: np.ndarray
     sent_ns: np.ndarray
     done_ns: np.ndarray
     status: np.ndarray
     errors: dict[str, int] = field(default_factory=dict)
+    t0_ns: int = 0
 
     @property
     def latency_ms(self) -> np.ndarray:
@@ -265,7 +268,7 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
         await send_on_schedule(intended, t0, one)
     for (_, w), _ in idle:
         w.close()
-    return LoadResult(intended, sent, done, status, errors)
+    return LoadResult(intended, sent, done, status, errors, t0)
 
 
 async def send_on_schedule(intended_ns: np.ndarray, t0: int,
@@ -334,4 +337,4 @@ async def run_closed_loop(host: str, port: int, requests: list[bytes], concurren
 
     with paused_gc():
         await asyncio.gather(*(client() for _ in range(concurrency)))
-    return LoadResult(intended, intended.copy(), done, status, errors)
+    return LoadResult(intended, intended.copy(), done, status, errors, t0)
