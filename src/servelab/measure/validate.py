@@ -1166,8 +1166,8 @@ def frontend_scale(t: Target, sp: ServerPolicy, prof: Profile, offsets_s: np.nda
     stalls' (simulated apart), and a mean held to a noisy tail read the multiple higher
     and the batches bigger. Over 81 rates on two VMs (2026-12-05 and -06, scaled to the
     mean then) the prediction met issue 28's target at 40 rates with the multiple and 31
-    with the fitted costs (docs/load-and-validate.md); the batches it makes run up to
-    10% big at 80% of saturation, where the fitted costs made them 5-9% small."""
+    with the fitted costs (docs/load-and-validate.md); the batches it makes run 6-9% big
+    at 80% of saturation, where the fitted costs gave them within 3% (2026-12-06)."""
     def p50_at(k: float) -> float:
         return predict(fit_scenario(t, sp, replace(prof, frontend_scale=k)), offsets_s,
                        seed).p50_ms
