@@ -181,6 +181,11 @@ def main() -> None:
                       + ("" if not st else f"; {st['stalls']} stalls in {st['batches']} "
                          f"batches ({st['per_s']:.1f}/s, "
                          f"{st['share_of_batch_time']:.1%} of their time)"))
+            sp = w.get("split")
+            if sp:
+                print("    where the warm-up's time went, p50 measured / simulated (ms): "
+                      + ", ".join(f"{k} {sp['measured'][k]['p50']:.2f} / "
+                                  f"{sp['simulated'][k]['p50']:.2f}" for k in sp["measured"]))
             calibrated = "sizes_ms" in w
             each = {"at rate": r["compare"] if calibrated else None,
                     "no stalls": r.get("without_stalls"),

@@ -35,6 +35,7 @@ from servelab.batching.simulate import simulate_policy  # noqa: E402
 from servelab.batching.stalls import Stalls  # noqa: E402
 from servelab.gateway.demo import VALIDATION_MLP, write_mlp  # noqa: E402
 from servelab.measure.replay import measured_batches  # noqa: E402
+from servelab.measure.split import measured_split  # noqa: E402
 from servelab.measure.stall_fit import fit_stalls  # noqa: E402
 from servelab.scenario import BatchingPolicy  # noqa: E402
 from servelab.trace_file import TraceRequests  # noqa: E402
@@ -68,6 +69,11 @@ def one_run(model: Path, a: argparse.Namespace, folder: Path) -> None:
           f"{pct(res.behind_ms)}; latency from the send (ms) "
           f"{pct((res.done_ns - np.maximum(res.sent_ns, res.intended_ns))[ok] / 1e6)}")
     m = min(sent.size, queued.size)
+    split = measured_split(res, run)
+    if split is not None:
+        print("  where the time went (ms)   p50    p90    p99")
+        for name, p in split.items():
+            print(f"    {name:20s}{p['p50']:7.3f}{p['p90']:7.3f}{p['p99']:7.3f}")
     mb = measured_batches(run, POLICY.max_batch_size, POLICY.max_queue_delay_microseconds
                           * 1000)
     table = mb.table_ns

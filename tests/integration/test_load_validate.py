@@ -240,6 +240,18 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
                    for n in report["notes"]), report["notes"]
         assert any(n.startswith(f"at {rate}/s the warm-up's trace showed")
                    for n in report["notes"]), report["notes"]
+        # ... and where the warm-up's time went, from the trace and the load generator,
+        # beside the prediction's scenario on the warm-up's send times
+        split = w["split"]
+        assert set(split) == {"measured", "simulated"}
+        for side in split.values():
+            assert set(side) == {"sent late", "send to queue entry", "queue", "compute",
+                                 "batch end to answer"}
+            assert side["compute"]["p50"] > 0
+            assert side["queue"]["p50"] >= 0
+        assert split["measured"]["sent late"]["p50"] >= 0
+        assert any(n.startswith(f"at {rate}/s the warm-up's time went")
+                   for n in report["notes"]), report["notes"]
         # ... and the event loop's costs at this rate, read from the warm-up's median
         # latency, with the prediction on the costs fitted at low load kept beside it
         assert 0.25 <= r["frontend_scale"] <= 4.0

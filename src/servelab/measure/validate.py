@@ -94,6 +94,7 @@ from servelab.scenario import (
     scenario_from_dict,
     scenario_to_dict,
 )
+from servelab.trace_file import TraceRequests, read_trace
 
 # Tolerances the verdict holds each figure to (relative error), as the project's
 # fidelity target states them; mean queue is reported but not judged (it is a
@@ -363,6 +364,10 @@ class RateCheck:
     # fitted costs (None: not read)
     frontend_scale: float = 1.0
     fixed_frontend: dict[str, Check] | None = None
+    # where the warm-up's time went, phase by phase (measure/split.py): "measured" from
+    # the gateway's trace and the load generator, "simulated" by the prediction's
+    # scenario on the warm-up's send times; None without both
+    warmup_split: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.given_measured_compute
@@ -383,7 +388,8 @@ class RateCheck:
                     "measured": self.warmup_measured.to_dict(),
                     "as_prediction": checks_dict(
                         warmup_as_prediction(self.measured, self.warmup_measured)),
-                    "stalls": None if self.stalls is None else self.stalls.to_dict()}}
+                    "stalls": None if self.stalls is None else self.stalls.to_dict(),
+                    "split": self.warmup_split}}
 
 
 @dataclass(slots=True)
@@ -705,15 +711,12 @@ def trace_files(trace_dir: Path) -> list[Path]:
                   key=lambda p: int(p.suffix[1:]))
 
 
-def trace_stalls(trace_dir: Path, model: str, from_ns: int, to_ns: int, skip: int = 0
-                 ) -> StallFit | None:
-    """The stalls in the batches of the gateway's trace (`trace_dir`/trace.*) whose
-    requests entered its queue between two instants of this machine's monotonic clock
-    (the gateway's trace is on the same clock), read from its files after the first
-    `skip` (those written before `from_ns` hold none of them). None when the trace holds
-    no such requests, or no batch size ran often enough to have a usual time."""
-    from servelab.trace_file import read_trace
-
+def trace_window(trace_dir: Path, model: str, from_ns: int, to_ns: int, skip: int = 0
+                 ) -> TraceRequests | None:
+    """The requests in the gateway's trace (`trace_dir`/trace.*) that entered its queue
+    between two instants of this machine's monotonic clock (the gateway's trace is on the
+    same clock), read from its files after the first `skip` (those written before
+    `from_ns` hold none of them); None when it holds no such requests."""
     files = trace_files(trace_dir)[skip:]
     if not files:
         return None
@@ -721,8 +724,14 @@ def trace_stalls(trace_dir: Path, model: str, from_ns: int, to_ns: int, skip: in
     keep = (tr.queue_ns >= from_ns) & (tr.queue_ns <= to_ns)
     if not keep.any():
         return None
-    span_s = float(tr.end_ns[keep].max() - tr.queue_ns[keep].min()) / 1e9
-    return fit_stalls(tr.start_ns[keep], tr.end_ns[keep], span_s)
+    return TraceRequests(tr.model, tr.queue_ns[keep], tr.start_ns[keep], tr.end_ns[keep], 0)
+
+
+def trace_stalls(tr: TraceRequests) -> StallFit | None:
+    """The stalls in a trace window's batches; None when no batch size ran often enough
+    to have a usual time."""
+    span_s = float(tr.end_ns.max() - tr.queue_ns.min()) / 1e9
+    return fit_stalls(tr.start_ns, tr.end_ns, span_s)
 
 
 def frontend_fit(prof: Profile) -> tuple[float, float]:
@@ -1089,8 +1098,8 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     now = probe(t, one) if prof.probe is not None else None
     written = len(trace_files(trace_dir)) if trace_dir is not None else 0
     warm_from = time.monotonic_ns()
-    warm_step, warm = (warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate
-                       else (None, None))
+    warm_step, warm, warm_res = (warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate
+                                 else (None, None, None))
     warm_to = time.monotonic_ns()
     sent: list[np.ndarray] = []
     intended: list[np.ndarray] = []
@@ -1107,8 +1116,11 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         offsets = intended[0]  # the kept windows, end to end (one window: as drawn)
     drift = drift_scale(prof, now)
     stalls = no_stalls = None
-    if trace_dir is not None and warm_step is not None:  # (the run has flushed its part)
-        stalls = trace_stalls(trace_dir, t.model, warm_from, warm_to, skip=written)
+    warm_trace = (trace_window(trace_dir, t.model, warm_from, warm_to, skip=written)
+                  if trace_dir is not None and warm_step is not None  # (the run has
+                  else None)  # flushed its part)
+    if warm_trace is not None:
+        stalls = trace_stalls(warm_trace)
         stalled = (None if stalls is None or not stalls.stalls
                    else with_sizes(prof, stalls.clean, MIN_RUN_BATCHES, trend=True))
         if stalled is not None:  # the prediction as it was without them, for reference
@@ -1124,6 +1136,16 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         fixed_frontend = compare(measured, predict(fit_scenario(t, sp, used), offsets, seed))
         used = replace(used, frontend_scale=k)
     predicted = predict(fit_scenario(t, sp, used), offsets, seed)
+    split = None
+    if warm_trace is not None and warm_res is not None:
+        from servelab.batching.simulate import simulate
+        from servelab.measure.split import measured_split, simulated_split
+
+        measured_parts = measured_split(warm_res, warm_trace)
+        simulated_parts = simulated_split(simulate(on_arrivals(
+            fit_scenario(t, sp, used), warmup_offsets(rate, n, seed), seed)))
+        if measured_parts is not None and simulated_parts is not None:
+            split = {"measured": measured_parts, "simulated": simulated_parts}
     base = closed_loop if closed_loop is not None else (prof if warm is not None else None)
     uncalibrated = None if base is None else compare(
         measured, predict(fit_scenario(t, sp, base), offsets, seed))
@@ -1134,7 +1156,7 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         given_measured_compute(t, sp, closed_loop or prof, in_run, offsets, seed, measured,
                                sent_s=sent[0] if sent else None),
         drift, None if now is None else now.exec_ms, None if warm is None else warm[1],
-        warm_step, stalls, no_stalls, used.frontend_scale, fixed_frontend)
+        warm_step, stalls, no_stalls, used.frontend_scale, fixed_frontend, split)
 
 
 def _summed_deltas(pairs: list[tuple[Any, Any]]) -> dict[int, tuple[int, int]]:
@@ -1195,20 +1217,23 @@ def warmup_offsets(rate: float, n: int, seed: int) -> np.ndarray:
 
 def warmup_at_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], prof: Profile,
                    rate: float, n: int, seed: int
-                   ) -> tuple[LoadStep, tuple[Profile, SizeFit] | None]:
+                   ) -> tuple[LoadStep, tuple[Profile, SizeFit] | None, LoadResult | None]:
     """--calibrate-at-rate: an open-loop run at `rate` of WARMUP_SHARE of the rate's `n`
     requests (its own arrivals, seed + WARMUP_SEED): what it measured, and `prof` with
     the batch times the server showed in it (`with_sizes` as the diagnosis uses it: each
     size run MIN_RUN_BATCHES times or more as measured, the others on the warm-up's line
-    through them), None where the server has no statistics or ran no size that often."""
+    through them), None where the server has no statistics or ran no size that often; and
+    its per-request result."""
     offsets = warmup_offsets(rate, n, seed)
     before = batch_stats(t)
+    results: list[LoadResult] = []
     step = LoadStep.of(measure_rate(t, bodies, rate, offsets.size, seed + WARMUP_SEED, 256,
-                                    offsets=offsets))
+                                    offsets=offsets, on_result=results.append))
     after = batch_stats(t)
+    res = results[0] if results else None
     if before is None or after is None:
-        return step, None
-    return step, with_sizes(prof, _delta(before, after), MIN_RUN_BATCHES, trend=True)
+        return step, None, res
+    return step, with_sizes(prof, _delta(before, after), MIN_RUN_BATCHES, trend=True), res
 
 
 # An open-loop saturation under this share of the closed loop's rate is flagged: an open
@@ -1249,6 +1274,10 @@ def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
                    f"before it ({sizes}; x{w.profile_scale:.2f} of the profile there); "
                    "closed_loop_profile holds the profile's own prediction")
         out.extend(stall_notes(r, at))
+        if r.warmup_split is not None:
+            from servelab.measure.split import split_note
+            out.append(split_note(at, r.warmup_split["measured"],
+                                  r.warmup_split["simulated"]))
         if r.fixed_frontend is not None:
             out.append(f"{at} the front end's costs read x{r.frontend_scale:.2f} of the "
                        "low-load fit from the warm-up's median latency (the work shares the "
