@@ -331,6 +331,33 @@ def test_steps_shorter_than_the_grouping_window_are_told_apart() -> None:
     assert steps_seen(slots, limits)[:, 3:5].tolist() == [[1, 1]] * 4 + [[1, 0]]
 
 
+def test_one_steps_chunks_far_apart_at_the_client_still_read_as_one_step() -> None:
+    """On a slowed VM (2026-12-06) a 1-thread model's 45 ms steps sent the ends of two
+    streams to the client 2.4 ms apart, past the fixed 1.5 ms window: the window grows
+    with a stream's usual gap between chunks (a tenth of it), so they read as one step,
+    and the slot replay releases them together, the lower slot first: the next request
+    takes slot 0, as llama.cpp gave it. Short steps keep the 1.5 ms window."""
+    from servelab.measure.llm_validate import (
+        STEP_GROUP_NS,
+        replay_slots,
+        step_groups,
+        step_window_ns,
+    )
+
+    step = 45 * MS
+    a = [k * step for k in range(10)]  # slot 1 (taken first: the higher id)
+    b = [t + 2_400_000 for t in a]  # slot 0, its chunks 2.4 ms behind a's
+    rec = records([{"intended": 0, "done": a[-1] + MS, "chunks": a},
+                   {"intended": 0, "done": b[-1] + MS, "chunks": b},
+                   {"intended": 500 * MS, "done": 600 * MS, "chunks": [550 * MS]}])
+    assert step_window_ns(rec, np.arange(2)) == pytest.approx(4.5 * MS)
+    assert [len(g) for g in step_groups(rec, np.arange(2))] == [2] * 10
+    assert replay_slots(rec, 2).tolist() == [1, 0, 0]
+    fast = records([{"intended": 0, "done": 30 * MS, "chunks": [k * 1_200_000
+                                                                for k in range(20)]}])
+    assert step_window_ns(fast, np.arange(1)) == STEP_GROUP_NS
+
+
 @st.composite
 def stepped_streams(draw):  # type: ignore[no-untyped-def]
     """A server's steps (0.8-20 ms, or 2-60 ms where a prompt comes in) and up to four

@@ -876,7 +876,25 @@ def server_tpot_ms(rec: RunRecords) -> np.ndarray:
     return own
 
 
-STEP_GROUP_NS = 1_500_000  # one step's chunks leave the server within this of each other
+# One step's chunks reach the client within this of each other: at least
+# STEP_GROUP_NS, or STEP_GROUP_SHARE of a stream's usual gap between its chunks (a step
+# or more), at most STEP_GROUP_MAX_NS. A fixed 1.5 ms split one step's last chunks on a
+# slowed VM (2026-12-06: a 1-thread CPU model, 45 ms steps, the ends of two streams in one
+# step 2.3-2.4 ms apart at the client), and the slot replay then took them for two steps.
+STEP_GROUP_NS = 1_500_000
+STEP_GROUP_SHARE = 0.1
+STEP_GROUP_MAX_NS = 20_000_000
+
+
+def step_window_ns(rec: RunRecords, ok: np.ndarray) -> int:
+    """How far apart one step's chunks may reach the client (see STEP_GROUP_SHARE): the
+    median over the streams `ok` of each one's median gap between chunks."""
+    gaps = [float(np.median(np.diff(rec.chunk_ns[i]))) for i in ok
+            if rec.chunk_ns[i].size >= 3]
+    if not gaps:
+        return STEP_GROUP_NS
+    return int(min(max(STEP_GROUP_NS, STEP_GROUP_SHARE * float(np.median(gaps))),
+                   STEP_GROUP_MAX_NS))
 # a stream's chunk sooner than this share of its median gap after its previous one was read
 # late by the client, not made in a step that short: with 1.1-1.3 ms steps (2 layers, AMD
 # VM, 2026-12-05) 1% of a stream's gaps were 0.07-0.4 ms, each after one as much too long
@@ -931,7 +949,7 @@ def replay_slots(rec: RunRecords, slots: int) -> np.ndarray:
 
 def steps_seen(rec: RunRecords, limits: ServerLimits | None = None) -> np.ndarray:
     """The server's steps as the streams show them, where each chunk is one token
-    (llama.cpp): chunks within STEP_GROUP_NS of each other came out of one step, and a
+    (llama.cpp): chunks within `step_window_ns` of each other came out of one step, and a
     step's time is the gap from the step before, kept only where the server was busy in
     between (every decode in the step had its previous token in the step before; a gap
     after idle would read as a long step), and neither side of a chunk the client read
@@ -1102,16 +1120,18 @@ EDGE_NOTE = "p50 sits in a gap of its distribution"  # edge_note's, after the fi
 
 def step_groups(rec: RunRecords, ok: np.ndarray) -> list[list[tuple[int, int, int]]]:
     """The requests `ok`'s chunks as (ns, request, token index), in time order, grouped
-    into the server's steps: chunks within STEP_GROUP_NS of each other came out of one,
+    into the server's steps: chunks within `step_window_ns` of each other came out of one,
     and a step makes one token a request, so a request's next chunk starts the next step.
     Without that rule, steps shorter than the window ran together: with a 2-layer model
     (1.1-1.3 ms steps, AMD VM, 2026-12-05) a lone stream's steps read as one, 10-19% of
-    the groups held a request twice, and steps of one sequence read 2.1-2.3 ms."""
+    the groups held a request twice, and steps of one sequence read 2.1-2.3 ms. The
+    window is `step_window_ns`."""
     ev = sorted((int(t), int(i), k) for i in ok for k, t in enumerate(rec.chunk_ns[i]))
+    window = step_window_ns(rec, ok)
     groups: list[list[tuple[int, int, int]]] = []
     members: set[int] = set()
     for e in ev:
-        if groups and e[0] - groups[-1][-1][0] < STEP_GROUP_NS and e[1] not in members:
+        if groups and e[0] - groups[-1][-1][0] < window and e[1] not in members:
             groups[-1].append(e)
         else:
             groups.append([e])
