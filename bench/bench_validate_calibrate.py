@@ -10,6 +10,8 @@ measurement of each rate is then scored three ways:
   trace showed (measure/stall_fit.py);
 - **no stalls**: the same without the stalls (the warm-up's batch times as the server's
   statistics count them), where the warm-up showed any;
+- **no hand-off**: the same without the instance's turnaround between batches and the
+  completion race the warm-up's trace showed (measure/handoff.py);
 - **fixed front end**: the prediction with the front end's costs as fitted at low load,
   where "at rate" scales them to give the warm-up's median latency (validate's default;
   `--no-frontend-at-rate` predicts with the fitted costs, and this row is then empty);
@@ -28,7 +30,9 @@ host's steal and other processes' share of the CPUs (only a quiet run says anyth
 `--triton` runs `validate --url` against the integration test's real Triton instead
 (PyTriton's Triton, the `sleep` model; needs .venv-pytriton, which scripts/test.sh builds,
 or SERVELAB_PYTRITON_PYTHON), at the test's rates 100, 250 and 400/s, held to issue 28's
-`--url` target: mean batch and p50 within 10%, p99 within 20% at every rate.
+`--url` target: mean batch and p50 within 10%, p99 within 20% at every rate. Triton
+writes its file trace and validate reads it (`--trace-file`): the stalls and the
+hand-off between batches, with the prediction without the hand-off as "no hand-off".
 
 `--stability-percentage P` measures each rate as perf_analyzer does: windows of
 `--duration` until the last three agree within P% (`--max-trials`, 10).
@@ -47,6 +51,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +70,8 @@ from servelab.measure.validate import (  # noqa: E402
 # issue 28's p99 tolerance at validate's rates, 20%, 50% and 80% of saturation (--serve demo)
 P99_BAR = (0.20, 0.20, 0.30)
 TRITON_RATES = "100,250,400"  # the integration test's rates, each held to p99 within 20%
-WAYS = ("at rate", "no stalls", "fixed front end", "profile", "given the run's",
-        "warm-up itself")
+WAYS = ("at rate", "no stalls", "no hand-off", "fixed front end", "profile",
+        "given the run's", "warm-up itself")
 
 
 def met(c: dict[str, Any], p99_bar: float) -> bool:
@@ -107,12 +112,15 @@ def rates_of(run: int, duration: float, triton: bool,
     if py is None:
         sys.exit("--triton: no PyTriton venv (scripts/test.sh builds .venv-pytriton, or set "
                  "SERVELAB_PYTRITON_PYTHON)")
-    done: subprocess.CompletedProcess[str] = run_against_triton(py, lambda port: [
-        "validate", "--url", f"http://127.0.0.1:{port}", "--model", "sleep", "--rates",
-        TRITON_RATES, "--duration", str(duration), "--seed", str(run), "--json",
-        "--calibrate-at-rate", *([] if stability is None or not stability.on else [
-            "--stability-percentage", f"{stability.percentage:g}", "--max-trials",
-            str(stability.max_trials)])])
+    with tempfile.TemporaryDirectory(prefix="servelab-bench-trace-") as tmp:
+        trace = str(Path(tmp) / "t.json")  # Triton's own file trace, read by validate
+        done: subprocess.CompletedProcess[str] = run_against_triton(py, lambda port: [
+            "validate", "--url", f"http://127.0.0.1:{port}", "--model", "sleep", "--rates",
+            TRITON_RATES, "--duration", str(duration), "--seed", str(run), "--json",
+            "--calibrate-at-rate", "--trace-file", trace,
+            *([] if stability is None or not stability.on else [
+                "--stability-percentage", f"{stability.percentage:g}", "--max-trials",
+                str(stability.max_trials)])], trace)
     if done.returncode not in (0, 1):  # 1: a figure missed, still a report
         sys.exit(f"run {run + 1}: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout)["rates"], 0.0
@@ -181,6 +189,12 @@ def main() -> None:
                       + ("" if not st else f"; {st['stalls']} stalls in {st['batches']} "
                          f"batches ({st['per_s']:.1f}/s, "
                          f"{st['share_of_batch_time']:.1%} of their time)"))
+            ho = w.get("handoff")
+            if ho:
+                print("    hand-off: turnaround " + ", ".join(
+                    f"{k}: {v:.3f}" for k, v in list(ho["turnaround_ms"].items())[:4])
+                    + f" ms; batcher first {ho['batcher_first']} "
+                    f"({ho['races_judged']} races)")
             sp = w.get("split")
             if sp:
                 print("    where the warm-up's time went, p50 measured / simulated (ms): "
@@ -189,6 +203,7 @@ def main() -> None:
             calibrated = "sizes_ms" in w
             each = {"at rate": r["compare"] if calibrated else None,
                     "no stalls": r.get("without_stalls"),
+                    "no hand-off": r.get("without_handoff"),
                     "fixed front end": r.get("fixed_frontend"),
                     "profile": r["closed_loop_profile"] if calibrated else r["compare"],
                     "given the run's": g["compare"] if g else None,

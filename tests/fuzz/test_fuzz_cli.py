@@ -184,7 +184,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                     "--no-calibrate-at-rate",
                     "--frontend-cpu-ms", "--frontend-answer-share", "--stalls",
                     "--no-stalls", "--stability-percentage", "--max-trials",
-                    "--percentile", "--frontend-at-rate", "--no-frontend-at-rate"],
+                    "--percentile", "--frontend-at-rate", "--no-frontend-at-rate",
+                    "--trace-file", "--handoff", "--no-handoff"],
     # (no output paths here: a generated one would be written; the named cases hold them)
     ("llm", "fit"): ["--max-evals", "--tp", "--gpu-memory-utilization",
                      "--block-size", "--max-num-seqs", "--max-num-batched-tokens",

@@ -235,6 +235,14 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
         assert st is not None
         assert st["batches"] >= r["requests"] // 2 // 32
         assert (st["stalls"] > 0) == ("without_stalls" in r)
+        # ... and so is the hand-off between batches (measure/handoff.py): the gateway's
+        # instance thread takes the next batch within a fraction of a millisecond
+        ho = w["handoff"]
+        assert ho is not None
+        assert ho["turnaround_gaps"] >= 0
+        assert all(0 <= v < 5 for v in ho["turnaround_ms"].values()), ho
+        assert ho["batcher_first"] is None or 0 <= ho["batcher_first"] <= 1
+        assert set(r["without_handoff"]) == set(r["compare"])
         rate = f"{r['rate_per_s']:g}"
         assert any(n.startswith(f"at {rate}/s predicted with the batch times of a warm-up")
                    for n in report["notes"]), report["notes"]

@@ -502,7 +502,7 @@ def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_cal
     assert d["sizes_ms"] == {"1": 1.25, "2": 1.5}
     assert d["measured"]["requests"] == load_step().requests
     assert rows[1].to_dict()["warmup"] == {
-        "measured": failed.to_dict(), "stalls": None, "split": None,
+        "measured": failed.to_dict(), "stalls": None, "handoff": None, "split": None,
         "as_prediction": checks_dict(warmup_as_prediction(rows[1].measured, failed))}
     assert rows[2].to_dict()["warmup"] is None
 
@@ -565,7 +565,7 @@ def test_the_warm_ups_stalls_are_read_from_the_gateways_trace_and_simulated(tmp_
         w.add("m", t0, t0, t0 + (6 if i % 30 == 29 else 1) * ms)
     w.flush()
     (tmp_path / "trace.7.tmp").write_text("[")  # a file being written: not read
-    window = trace_window(tmp_path, "m", 1_000 * ms, 2_995 * ms)  # requests 100 to 299
+    window = trace_window(tmp_path / "trace", "m", 1_000 * ms, 2_995 * ms)  # requests 100-299
     assert window is not None
     assert window.queue_ns.size == 200
     fit = trace_stalls(window)
@@ -577,7 +577,7 @@ def test_the_warm_ups_stalls_are_read_from_the_gateways_trace_and_simulated(tmp_
     assert fit.span_s == pytest.approx(1.996)
     assert fit.per_s == pytest.approx(7 / (1.996 - 0.035))
     assert fit.clean == {1: (200, 200 * ms)}
-    assert trace_window(tmp_path, "m", 5_000 * ms, 6_000 * ms) is None  # nothing then
+    assert trace_window(tmp_path / "trace", "m", 5_000 * ms, 6_000 * ms) is None  # none then
     t = Target("127.0.0.1", 1, "m")
     sp = ServerPolicy(BatchingPolicy(max_batch_size=2), 1, "flags")
     prof = Profile(rows_ms={1: 1.5, 2: 2.0}, outside_ms=np.full(100, 0.5))

@@ -260,10 +260,11 @@ def validate(
         help="Replace or give max_queue_delay_microseconds.")] = None,
     instances: Annotated[int | None, typer.Option(
         help="Replace or give the instance count.")] = None,
-    batcher_first: Annotated[float, typer.Option(
+    batcher_first: Annotated[float | None, typer.Option(
         help="Share of completion races Triton's batcher thread wins, as `servelab "
-             "replay-trace` measures it from the server's trace (0: the source's order).")
-                             ] = 0.0,
+             "replay-trace` measures it from the server's trace (0: the source's order). "
+             "Default: read from the trace during each rate's warm-up where one is read "
+             "(--serve, or --trace-file), else 0.")] = None,
     out: Annotated[Path | None, typer.Option(
         help="Write scenario.toml (the fitted scenario), validation.json and "
              "validation.html (predicted vs measured against the rate) in this folder.")
@@ -309,8 +310,19 @@ def validate(
         "--stalls/--no-stalls",
         help="Read the whole server's stalls (a batch at least 1.5x its size's usual "
              "time and 0.5 ms more) from the trace of the gateway --serve starts, during "
-             "each rate's warm-up, and simulate them (default: on with --serve and a "
-             "warm-up).")] = None,
+             "each rate's warm-up (or Triton's, --trace-file), and simulate them (default: "
+             "on wherever a trace is read).")] = None,
+    trace_file: Annotated[Path | None, typer.Option(
+        help="With --url: the server's trace, the PATH of Triton's --trace-config "
+             "triton,file=PATH (level=TIMESTAMPS, rate=1, a log-frequency, on this "
+             "machine). Read during each rate's warm-up as the gateway's is with --serve: "
+             "its stalls, and how it hands one batch over to the next.")] = None,
+    handoff: Annotated[bool | None, typer.Option(
+        "--handoff/--no-handoff",
+        help="Read from the trace during each rate's warm-up the instance's turnaround "
+             "between batches (its end to the next start, which no statistic counts) and "
+             "the share of completion races the batcher thread wins, and simulate them "
+             "(default: on wherever a trace is read).")] = None,
     frontend_at_rate: Annotated[bool | None, typer.Option(
         "--frontend-at-rate/--no-frontend-at-rate",
         help="With a warm-up and a front-end station: scale the front end's fitted costs "
@@ -352,7 +364,7 @@ def validate(
         frontend_workers=frontend_workers, frontend_cpu_ms=frontend_cpu_ms,
         frontend_event_loop=frontend_event_loop, frontend_answer_share=frontend_answer_share,
         stalls=stalls, stability=_stability(stability_percentage, max_trials, percentile),
-        frontend_at_rate=frontend_at_rate)
+        frontend_at_rate=frontend_at_rate, trace_file=trace_file, handoff=handoff)
 
     def say(message: str) -> None:
         if not as_json:

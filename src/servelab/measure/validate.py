@@ -53,6 +53,7 @@ Stated simplifications (they are in the report's notes):
 from __future__ import annotations
 
 import asyncio
+import glob
 import math
 import time
 from collections.abc import Callable
@@ -65,6 +66,7 @@ import numpy as np
 from servelab.errors import InputError, StoreError, cut, invalid
 from servelab.measure.client import fetch
 from servelab.measure.gaps import gap_note
+from servelab.measure.handoff import HandOff, handoff_note, read_handoff
 from servelab.measure.load import (
     LoadStep,
     Target,
@@ -368,6 +370,10 @@ class RateCheck:
     # the gateway's trace and the load generator, "simulated" by the prediction's
     # scenario on the warm-up's send times; None without both
     warmup_split: dict[str, Any] | None = None
+    # the hand-off between batches the warm-up's trace showed (measure/handoff.py; None:
+    # not read), and the same prediction without it
+    handoff: HandOff | None = None
+    without_handoff: dict[str, Check] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.given_measured_compute
@@ -379,6 +385,8 @@ class RateCheck:
                 "given_measured_compute": None if g is None else g.to_dict(),
                 **({} if self.without_stalls is None
                    else {"without_stalls": checks_dict(self.without_stalls)}),
+                **({} if self.without_handoff is None
+                   else {"without_handoff": checks_dict(self.without_handoff)}),
                 "frontend_scale": self.frontend_scale,
                 **({} if self.fixed_frontend is None
                    else {"fixed_frontend": checks_dict(self.fixed_frontend)}),
@@ -389,6 +397,7 @@ class RateCheck:
                     "as_prediction": checks_dict(
                         warmup_as_prediction(self.measured, self.warmup_measured)),
                     "stalls": None if self.stalls is None else self.stalls.to_dict(),
+                    "handoff": None if self.handoff is None else self.handoff.to_dict(),
                     "split": self.warmup_split}}
 
 
@@ -424,6 +433,9 @@ class Profile:
     calibration: SizeFit | None = None
     host_cpu_steal: float | None = None  # share of the CPUs' time the hypervisor took
     stalls: StallFit | None = None  # the whole server's stalls, simulated (see stall_fit)
+    # how the server hands one batch over to the next, read from its trace (see
+    # measure/handoff.py): each size's turnaround on top of its time, and the race
+    handoff: HandOff | None = None
 
     def to_dict(self) -> dict[str, Any]:
         o = self.outside_ms
@@ -672,7 +684,8 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
     """The scenario the simulator predicts with: measured profile (times `scale`), policy,
     outside time (none with `outside=False`: the server alone)."""
     p = sp.policy
-    points = [[b, round(max(ms * scale, 1e-6), 6)]
+    ho = prof.handoff
+    points = [[b, round(max(ms * scale, 1e-6) + (ho.at(b) if ho else 0.0), 6)]
               for b, ms in sorted(fitted_rows_ms(prof).items())]
     raw: dict[str, Any] = {
         "name": f"validate-{t.model}",
@@ -685,7 +698,8 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
                      "max_queue_size": p.max_queue_size,
                      "default_timeout_microseconds": p.default_timeout_microseconds,
                      "instances_per_gpu": sp.instances,
-                     "batcher_first": p.batcher_first},
+                     "batcher_first": (ho.race if ho is not None and ho.race is not None
+                                       else p.batcher_first)},
         "hardware": {"num_gpus": 1},
         "model": {"kind": "profile", "name": f"{t.model}, measured", "points": points,
                   "per_request_ms": round(prof.per_request_ms * scale, 6)},
@@ -705,19 +719,24 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
     return scenario_from_dict(raw, base_dir=None)
 
 
-def trace_files(trace_dir: Path) -> list[Path]:
-    """The gateway's numbered trace files (`trace_dir`/trace.N), in the order written."""
-    return sorted((p for p in trace_dir.glob("trace.*") if p.suffix[1:].isdigit()),
+def trace_files(base: Path) -> list[Path]:
+    """A trace's numbered files (`base`.N, as Triton and servelab's gateway write them
+    with a log frequency), in the order written."""
+    if not base.parent.is_dir():
+        return []
+    return sorted((p for p in base.parent.glob(glob.escape(base.name) + ".*")
+                   if p.suffix[1:].isdigit() and p.stem == base.name),
                   key=lambda p: int(p.suffix[1:]))
 
 
-def trace_window(trace_dir: Path, model: str, from_ns: int, to_ns: int, skip: int = 0
+def trace_window(base: Path, model: str, from_ns: int, to_ns: int, skip: int = 0
                  ) -> TraceRequests | None:
-    """The requests in the gateway's trace (`trace_dir`/trace.*) that entered its queue
-    between two instants of this machine's monotonic clock (the gateway's trace is on the
-    same clock), read from its files after the first `skip` (those written before
-    `from_ns` hold none of them); None when it holds no such requests."""
-    files = trace_files(trace_dir)[skip:]
+    """The requests in a server's trace (`base`.N: servelab's gateway's, or Triton's at
+    level TIMESTAMPS) that entered its queue between two instants of this machine's
+    monotonic clock (both traces are on that clock: Triton's steady clock is
+    CLOCK_MONOTONIC on Linux), read from its files after the first `skip` (those written
+    before `from_ns` hold none of them); None when it holds no such requests."""
+    files = trace_files(base)[skip:]
     if not files:
         return None
     tr = read_trace(files, model)
@@ -1069,9 +1088,10 @@ def run_batches_compute(fit: Scenario, in_run: dict[int, tuple[int, int]]
 
 def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof: Profile,
                         rate: float, n: int, seed: int, closed_loop: Profile | None = None,
-                        at_rate: bool = False, trace_dir: Path | None = None,
+                        at_rate: bool = False, trace: Path | None = None,
                         stability: Stability | None = None,
-                        frontend_at_rate: bool = False) -> RateCheck:
+                        frontend_at_rate: bool = False, stalls_on: bool = True,
+                        handoff: bool = True, race: bool = True) -> RateCheck:
     """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals,
     and the diagnosis with the run's own measured compute time. With `closed_loop` (the
     profile before calibration under load), its prediction too, for reference.
@@ -1084,9 +1104,11 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     rate a minute later, 2026-12-03). The profile's own prediction is kept beside it
     (`closed_loop_profile`).
 
-    With `trace_dir` (the trace of the gateway validate started), the warm-up's batches
-    are read from the trace: its stalls (`stall_fit`) go into the prediction, and the
-    batch times it takes are theirs with the stalls taken out.
+    With `trace` (the base path of the server's trace: the gateway's validate started,
+    or Triton's, --trace-file), the warm-up's batches are read from the trace: with
+    `stalls_on`, its stalls (`stall_fit`) go into the prediction, and the batch times it
+    takes are theirs with the stalls taken out; with `handoff`, the instance's turnaround
+    between batches and (with `race`) the completion race (measure/handoff.py).
 
     With `stability` on (--stability-percentage), the run is windows until the last three
     agree, as perf_analyzer measures (measure/stability.py); the measurement is those
@@ -1096,7 +1118,7 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     one = [b for b in random_bodies(meta, 64, seed) if isinstance(b, bytes)]
     offsets = poisson_offsets(rate, n, seed)
     now = probe(t, one) if prof.probe is not None else None
-    written = len(trace_files(trace_dir)) if trace_dir is not None else 0
+    written = len(trace_files(trace)) if trace is not None else 0
     warm_from = time.monotonic_ns()
     warm_step, warm, warm_res = (warmup_at_rate(t, bodies, prof, rate, n, seed) if at_rate
                                  else (None, None, None))
@@ -1115,20 +1137,28 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     if measured.stability is not None and measured.stability["windows"] > 1:
         offsets = intended[0]  # the kept windows, end to end (one window: as drawn)
     drift = drift_scale(prof, now)
-    stalls = no_stalls = None
-    warm_trace = (trace_window(trace_dir, t.model, warm_from, warm_to, skip=written)
-                  if trace_dir is not None and warm_step is not None  # (the run has
+    stalls = no_stalls = ho = no_handoff = None
+    warm_trace = (trace_window(trace, t.model, warm_from, warm_to, skip=written)
+                  if trace is not None and warm_step is not None  # (the run has
                   else None)  # flushed its part)
-    if warm_trace is not None:
+    if warm_trace is not None and handoff:
+        p = sp.policy
+        ho = read_handoff(warm_trace, p.max_batch_size, p.max_queue_delay_microseconds
+                          * 1000, sp.instances, race)
+
+    def handed(pr: Profile) -> Profile:
+        return pr if ho is None else replace(pr, handoff=ho)
+
+    if warm_trace is not None and stalls_on:
         stalls = trace_stalls(warm_trace)
         stalled = (None if stalls is None or not stalls.stalls
                    else with_sizes(prof, stalls.clean, MIN_RUN_BATCHES, trend=True))
         if stalled is not None:  # the prediction as it was without them, for reference
             no_stalls = compare(measured, predict(fit_scenario(
-                t, sp, prof if warm is None else warm[0]), offsets, seed))
+                t, sp, handed(prof if warm is None else warm[0])), offsets, seed))
             stalled[0].stalls = stalls
             warm = stalled
-    used = prof if warm is None else warm[0]
+    used = handed(prof if warm is None else warm[0])
     fixed_frontend = None
     if frontend_at_rate and warm_step is not None and used.frontend_workers:
         k = frontend_scale(t, sp, used, warmup_offsets(rate, n, seed), seed,
@@ -1136,6 +1166,9 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         fixed_frontend = compare(measured, predict(fit_scenario(t, sp, used), offsets, seed))
         used = replace(used, frontend_scale=k)
     predicted = predict(fit_scenario(t, sp, used), offsets, seed)
+    if ho is not None:  # (with the front end's scale as read with the hand-off)
+        no_handoff = compare(measured, predict(fit_scenario(
+            t, sp, replace(used, handoff=None)), offsets, seed))
     split = None
     if warm_trace is not None and warm_res is not None:
         from servelab.batching.simulate import simulate
@@ -1153,10 +1186,11 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
         rate, n, measured, predicted, compare(measured, predicted), uncalibrated,
         # (on the closed-loop profile: the run's own times replace it where the run made
         # a size often enough, as they would replace the calibration's)
-        given_measured_compute(t, sp, closed_loop or prof, in_run, offsets, seed, measured,
-                               sent_s=sent[0] if sent else None),
+        given_measured_compute(t, sp, handed(closed_loop or prof), in_run, offsets, seed,
+                               measured, sent_s=sent[0] if sent else None),
         drift, None if now is None else now.exec_ms, None if warm is None else warm[1],
-        warm_step, stalls, no_stalls, used.frontend_scale, fixed_frontend, split)
+        warm_step, stalls, no_stalls, used.frontend_scale, fixed_frontend, split, ho,
+        no_handoff)
 
 
 def _summed_deltas(pairs: list[tuple[Any, Any]]) -> dict[int, tuple[int, int]]:
@@ -1274,6 +1308,7 @@ def warmup_notes(rows: list[RateCheck], asked: bool) -> list[str]:
                    f"before it ({sizes}; x{w.profile_scale:.2f} of the profile there); "
                    "closed_loop_profile holds the profile's own prediction")
         out.extend(stall_notes(r, at))
+        out.extend(handoff_note(r.handoff, at))
         if r.warmup_split is not None:
             from servelab.measure.split import split_note
             out.append(split_note(at, r.warmup_split["measured"],
@@ -1328,6 +1363,23 @@ def stability_notes(rows: list[RateCheck]) -> list[str]:
                        "a server or machine whose speed moved; a longer --duration or a "
                        "quieter machine may settle it")
     return out
+
+
+def trace_notes(rows: list[RateCheck], trace: Path | None, given: bool) -> list[str]:
+    """Where a trace was to be read (`given`: the user's --trace-file) and no warm-up's
+    window was found in it."""
+    if trace is None or not given:
+        return []
+    missed = [f"{r.rate_per_s:g}/s" for r in rows
+              if r.warmup_measured is not None and r.handoff is None and r.stalls is None]
+    if not missed:
+        return []
+    return [f"--trace-file = {cut(str(trace))}: no file {cut(trace.name, 60)}.N held a request "
+            f"of the warm-up at {', '.join(missed)}, so nothing was read from the trace "
+            "there; fix: start the server on this machine with --trace-config "
+            "level=TIMESTAMPS, rate=1, triton,file=PATH and triton,log-frequency=500 (Triton "
+            "writes PATH.N every 500 requests; the last part only when it stops), and give "
+            "the same PATH"]
 
 
 def stall_notes(r: RateCheck, at: str) -> list[str]:
@@ -1495,7 +1547,9 @@ class ValidationSpec:
     max_batch_size: int | None = None
     max_queue_delay_us: int | None = None
     instances: int | None = None
-    batcher_first: float = 0.0
+    # the share of completion races the batcher thread wins; None: read from the trace
+    # where one is read (see measure/handoff.py), else 0
+    batcher_first: float | None = None
     seed: int = 0
     calibrate: bool = False
     # a warm-up run at each rate calibrates its prediction; None: on, unless --calibrate
@@ -1517,13 +1571,29 @@ class ValidationSpec:
     # The front end's costs at each rate scaled to give the warm-up's median latency
     # (see frontend_scale); None: on with a warm-up at each rate
     frontend_at_rate: bool | None = None
+    # With --url: the server's trace file (Triton's --trace-config triton,file=PATH, at
+    # level TIMESTAMPS, on this machine), read during each rate's warm-up as the
+    # gateway's is with --serve
+    trace_file: Path | None = None
+    # Read the hand-off between batches from the warm-up's trace and simulate it (see
+    # measure/handoff.py); None: on wherever a trace is read
+    handoff: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.stalls and (self.serve is None or not self.at_rate):
-            raise invalid("--stalls", True, "--serve and a warm-up at each rate (validate "
-                          "reads the stalls from the trace of the gateway it starts, during "
-                          "the warm-up)", "use --serve without --calibrate, or leave "
-                          "--stalls out")
+        if self.trace_file is not None and self.serve is not None:
+            raise invalid("--trace-file", str(self.trace_file), "--url (with --serve, "
+                          "validate traces the gateway it starts itself)",
+                          "leave --trace-file out")
+        if self.trace_file is not None and not self.trace_file.parent.is_dir():
+            raise invalid("--trace-file", str(self.trace_file), "a path in a folder that "
+                          "exists (the server writes PATH.0, PATH.1, ... there)",
+                          "give the PATH of the server's --trace-config triton,file=PATH")
+        for flag, on in (("--stalls", self.stalls), ("--handoff", self.handoff)):
+            if on and not self.has_trace:
+                raise invalid(flag, True, "a trace read during a warm-up at each rate: "
+                              "--serve (the gateway validate starts), or --url with "
+                              "--trace-file", "use --serve or --trace-file without "
+                              f"--calibrate, or leave {flag} out")
         if self.frontend_answer_share is not None and not (
                 0.0 <= self.frontend_answer_share <= 1.0):
             raise invalid("--frontend-answer-share", self.frontend_answer_share,
@@ -1547,7 +1617,7 @@ class ValidationSpec:
                           "give --url http://127.0.0.1:8000 --model NAME, or --serve demo")
         if not 1 <= self.duration_s <= 600:
             raise invalid("--duration", self.duration_s, "1 to 600 seconds per rate", "e.g. 10")
-        if not 0 <= self.batcher_first <= 1:
+        if self.batcher_first is not None and not 0 <= self.batcher_first <= 1:
             raise invalid("--batcher-first", self.batcher_first, "a share from 0 to 1",
                           "the share servelab replay-trace prints, or 0")
         if self.calibrate and self.calibrate_at_rate is True:
@@ -1589,11 +1659,22 @@ class ValidationSpec:
                 else self.at_rate)
 
     @property
+    def has_trace(self) -> bool:
+        """Whether a server's trace can be read during each rate's warm-up: the gateway's
+        that validate starts, or the one --trace-file names."""
+        return self.at_rate and (self.serve is not None or self.trace_file is not None)
+
+    @property
     def with_stalls(self) -> bool:
         """Whether the prediction simulates the stalls the warm-up's trace showed: by
-        default where validate starts the server (its trace) and warms up at each rate."""
-        return (self.stalls if self.stalls is not None
-                else self.serve is not None and self.at_rate)
+        default wherever a trace is read."""
+        return self.stalls if self.stalls is not None else self.has_trace
+
+    @property
+    def with_handoff(self) -> bool:
+        """Whether the prediction simulates the hand-off between batches the warm-up's
+        trace showed (measure/handoff.py): by default wherever a trace is read."""
+        return self.handoff if self.handoff is not None else self.has_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -1647,7 +1728,7 @@ def run_validation(spec: ValidationSpec, *,
     pinned = {k: sorted(v) for k, v in (("server", spec.server_cpus),
                                          ("client", spec.client_cpus)) if v is not None}
     url = spec.url
-    trace_dir: Path | None = None
+    trace = spec.trace_file if spec.has_trace else None
     with contextlib.ExitStack() as stack:
         if spec.serve is not None:
             from servelab.gateway.demo import VALIDATION_MLP, write_mlp
@@ -1667,12 +1748,12 @@ def run_validation(spec: ValidationSpec, *,
                             ("--instances", spec.instances)):
                 if v is not None:
                     cmd += [flag, str(v)]
-            if spec.with_stalls:
-                trace_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(
-                    prefix="servelab-trace-")))
+            if spec.with_stalls or spec.with_handoff:
+                trace = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                    prefix="servelab-trace-"))) / "trace"
                 from servelab.trace_file import MAX_TRACE_REQUESTS
 
-                cmd += ["--trace-file", str(trace_dir / "trace"),
+                cmd += ["--trace-file", str(trace),
                         "--trace-requests", str(MAX_TRACE_REQUESTS)]
             say(f"validate: starting servelab serve on port {port}...")
             stack.enter_context(server_process(
@@ -1687,7 +1768,7 @@ def run_validation(spec: ValidationSpec, *,
         sp = read_policy(target, {"max_batch_size": spec.max_batch_size,
                                   "max_queue_delay_us": spec.max_queue_delay_us,
                                   "instances": spec.instances})
-        sp = replace(sp, policy=replace(sp.policy, batcher_first=spec.batcher_first))
+        sp = replace(sp, policy=replace(sp.policy, batcher_first=spec.batcher_first or 0.0))
         p = sp.policy
         say(f"validate: {name} at {target.base}: max_batch_size {p.max_batch_size}, "
             f"max_queue_delay {p.max_queue_delay_microseconds} us, preferred "
@@ -1741,8 +1822,9 @@ def run_validation(spec: ValidationSpec, *,
             rows.append(measure_and_predict(
                 target, meta, sp, prof, rate, n, spec.seed + k,
                 closed_loop=closed_prof if prof is not closed_prof else None,
-                at_rate=spec.at_rate, trace_dir=trace_dir, stability=spec.stability,
-                frontend_at_rate=spec.front_end_at_rate))
+                at_rate=spec.at_rate, trace=trace, stability=spec.stability,
+                frontend_at_rate=spec.front_end_at_rate, stalls_on=spec.with_stalls,
+                handoff=spec.with_handoff, race=spec.batcher_first is None))
     ok, misses = verdict(rows)
     return ValidationReport(
         model=name, url=target.base, policy_source=sp.source, cpus=pinned,
@@ -1751,4 +1833,5 @@ def run_validation(spec: ValidationSpec, *,
         rates=tuple(rows), within_tolerance=ok, misses=tuple(misses),
         notes=tuple(notes_for(rows, prof) + saturation_notes(sat, closed)
                     + warmup_notes(rows, spec.at_rate) + repeat_notes(rows)
+                    + trace_notes(rows, trace, spec.trace_file is not None)
                     + stability_notes(rows)), fit=fit)
