@@ -27,6 +27,10 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # (+7.7%) but both bursts ran slower than the model (tp 1 +14%, tp 2 +23%), as the
     # H100 ones did less (+11%, +10%); why, these result files do not say.
     ("vllm060-8b-a100-tp2-burst", "output_tokens_per_s"): 0.25,
+    # The same burst at tp 4 on four A100s, added 2026-12-06 after the fit: the gain over
+    # tp 1 holds (+6.3%), the throughput itself misses with the others on A100 (+21%);
+    # at tp 8 it holds (-2.0%), and on four H100s too (-1.7%).
+    ("vllm060-8b-a100-tp4-burst", "output_tokens_per_s"): 0.25,
 }
 
 
