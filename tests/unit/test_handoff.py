@@ -193,6 +193,10 @@ def test_the_trace_flags_are_checked_by_name(tmp_path: Path):
     with pytest.raises(InputError, match=r"--trace-file.*folder that exists"):
         ValidationSpec(url="http://127.0.0.1:1", model="m",
                        trace_file=tmp_path / "nope" / "t.json")
+    for no_warm_up in ({"calibrate": True}, {"calibrate_at_rate": False}):
+        with pytest.raises(InputError, match=r"--trace-file.*warm-up at each rate"):
+            ValidationSpec(url="http://127.0.0.1:1", model="m",
+                           trace_file=tmp_path / "t.json", **no_warm_up)
     for flag in ("stalls", "handoff"):
         with pytest.raises(InputError, match=f"--{flag}.*--trace-file"):
             ValidationSpec(url="http://127.0.0.1:1", model="m", **{flag: True})

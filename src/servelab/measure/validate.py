@@ -1588,6 +1588,11 @@ class ValidationSpec:
             raise invalid("--trace-file", str(self.trace_file), "a path in a folder that "
                           "exists (the server writes PATH.0, PATH.1, ... there)",
                           "give the PATH of the server's --trace-config triton,file=PATH")
+        if self.trace_file is not None and not self.at_rate:
+            raise invalid("--trace-file", str(self.trace_file), "a warm-up at each rate "
+                          "(validate reads the trace during each rate's warm-up)",
+                          "leave out --calibrate and --no-calibrate-at-rate, or leave "
+                          "--trace-file out")
         for flag, on in (("--stalls", self.stalls), ("--handoff", self.handoff)):
             if on and not self.has_trace:
                 raise invalid(flag, True, "a trace read during a warm-up at each rate: "
