@@ -64,7 +64,8 @@ def main() -> None:
         params = res.params
         print(f"fitted in {res.evaluations} evaluations: rms log error {res.rms_log_error:.4f}")
         for n, _, _ in BOUNDS:
-            print(f"  {n} = {getattr(params, n):.4g}")
+            v = getattr(params, n)
+            print(f"  {n} = {'unset' if v is None else f'{v:.4g}'}")
     rows = compare(params)
     table(rows)
     for use in ("fit", "hold-out"):
