@@ -62,6 +62,27 @@ def test_the_turnaround_after_each_size_is_read_from_the_gaps_behind_a_waiting_p
     assert h.at(99) == h.at(MBS)
 
 
+def test_a_stall_between_two_batches_is_not_a_turnaround():
+    """A gap far over its size's usual one is the whole server stopped (simulated apart,
+    as a stall), not the instance's turnaround: left out of the mean."""
+    tr = engine_trace(1500, 4000)
+    plain = read_handoff(tr, MBS, DELAY_NS)
+    assert plain is not None
+    starts = np.unique(tr.start_ns)
+    # the server stops 20 ms before the 500th batch, with its payload waiting: that
+    # batch and every later one run 20 ms later than they did
+    late = tr.start_ns >= starts[500]
+    shift = np.where(late, 20_000_000, 0)
+    stalled = TraceRequests("m", tr.queue_ns, tr.start_ns + shift, tr.end_ns + shift, 0)
+    assert (stalled.start_ns >= stalled.queue_ns).all()
+    h = read_handoff(stalled, MBS, DELAY_NS)
+    assert h is not None
+    assert h.gaps == plain.gaps - 1  # the stall's gap, left out
+    # one 20 ms gap among a few hundred would move its size's mean by tens of us
+    for k in plain.sizes_read:
+        assert h.at(k) == pytest.approx(TURN_NS[k] / 1e6, abs=1e-6)
+
+
 def test_an_idle_instances_wait_is_not_a_turnaround():
     """At low load the next request mostly comes after a batch ends: the instance's idle
     wait is no turnaround, and the few gaps behind a waiting payload (a Poisson clump)

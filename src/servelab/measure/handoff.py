@@ -10,7 +10,9 @@ batch race"):
   COMPUTE_START. It holds the instance, so a queue builds behind it, but no statistic
   counts it. It is read as the gap from a batch's end to the next batch's start, over
   the batches after which the next payload was already waiting (its oldest request's
-  delay expired by then), so an idle instance's wait is not counted;
+  delay expired by then), so an idle instance's wait is not counted. A gap more than
+  STALL_MIN_MS over its size's median is a stall of the whole server, not a turnaround
+  (validate simulates the stalls apart), and is left out;
 - **the completion race** (the scenario's `batcher_first`): at a completion the woken
   batcher thread may look before the freed instance takes the waiting payload, and grow
   it with what has queued since. The share is `race_share`'s, from the trace's own
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from servelab.measure.replay import race_share, trace_batches
+from servelab.measure.stall_fit import STALL_MIN_MS
 from servelab.trace_file import TraceRequests
 
 MIN_SIZE_GAPS = 5  # turnarounds after batches of one size before its mean is read
@@ -80,6 +83,11 @@ def read_handoff(tr: TraceRequests, max_batch_size: int, delay_ns: int, instance
         waiting = tb.waiting_at_end(delay_ns)
         gap = np.maximum(tb.start_ns[1:] - tb.end_ns[:-1], 0)[waiting].astype(np.float64)
         size = tb.size[:-1][waiting]
+        median = np.zeros(max_batch_size + 1)
+        for k in np.unique(size):
+            median[k] = np.median(gap[size == k])
+        turnaround = gap <= median[size] + STALL_MIN_MS * 1e6  # (the rest: stalls)
+        gap, size = gap[turnaround], size[turnaround]
         gaps = int(gap.size)
         count = np.bincount(size, minlength=max_batch_size + 1).astype(np.float64)
         total = np.bincount(size, weights=gap, minlength=max_batch_size + 1)
