@@ -47,9 +47,10 @@ def pytriton_python() -> str | None:
 def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: str,
                        timeout_s: float = 600, before_stop: Callable[[], object] | None = None
                        ) -> subprocess.CompletedProcess[str]:
-    """Start PyTriton's Triton (once more if its own start fails on a loaded machine),
-    run the servelab command argv_for(port) against it, call `before_stop` while it
-    still runs, stop it."""
+    """Start PyTriton's Triton (once more if its own start fails on a loaded machine, or
+    if it exits while the command runs: a CI run of 2026-12-06 had it refuse connections
+    in the middle of a validate run's profile), run the servelab command argv_for(port)
+    against it, call `before_stop` while it still runs, stop it."""
     libdir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_config_var("
                              "'LIBDIR'))"], capture_output=True, text=True).stdout.strip()
     env = {**os.environ, "LD_LIBRARY_PATH": libdir}
@@ -58,9 +59,12 @@ def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: st
         try:
             with server_process([py, str(SERVER), str(port), *extra],
                                 f"http://127.0.0.1:{port}/v2/models/sleep/ready",
-                                timeout_s=120, env=env):
+                                timeout_s=120, env=env) as proc:
                 done = subprocess.run([sys.executable, "-m", "servelab", *argv_for(port)],
                                       capture_output=True, text=True, timeout=timeout_s)
+                if proc.poll() is not None:  # the server, not the command, failed
+                    raise StoreError(f"the server exited (code {proc.returncode}) while "
+                                     f"the command ran; it said: {done.stderr[-600:]}")
                 if before_stop is not None:
                     before_stop()
                 return done
