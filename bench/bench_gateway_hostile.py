@@ -33,7 +33,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.test_validate_triton import SERVER, pytriton_python  # noqa: E402
+from tests.integration.test_validate_triton import (  # noqa: E402
+    SERVER,
+    pytriton_env,
+    pytriton_python,
+)
 from tests.services import free_port, free_port_run  # noqa: E402
 
 from servelab.gateway.demo import write_mlp  # noqa: E402
@@ -185,13 +189,10 @@ def main() -> None:
     if py is None:
         print("no .venv-pytriton (bash scripts/test.sh builds it): servelab alone")
     else:
-        libdir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig."
-                                 "get_config_var('LIBDIR'))"], capture_output=True,
-                                text=True).stdout.strip()
         port = free_port_run(3)
         with started([py, str(SERVER), str(port)],
                      f"http://127.0.0.1:{port}/v2/models/sleep/ready",
-                     env={**os.environ, "LD_LIBRARY_PATH": libdir}) as proc:
+                     env=pytriton_env(py)) as proc:
             rows.append(judge("Triton 2.51", proc, port, "sleep", args))
     keys = list(rows[0])
     print(" | ".join(keys))

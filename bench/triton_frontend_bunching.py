@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,16 +41,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.test_validate_triton import SERVER, pytriton_python  # noqa: E402
+from tests.integration.test_validate_triton import (  # noqa: E402
+    SERVER,
+    pytriton_env,
+    pytriton_python,
+)
 from tests.services import HostUse, free_port_run  # noqa: E402
 
-from servelab.batching.simulate import simulate_policy  # noqa: E402
 from servelab.files import parse_json  # noqa: E402
 from servelab.measure.load import metadata, parse_url  # noqa: E402
 from servelab.measure.loadgen import LoadResult, poisson_offsets, run_open_loop  # noqa: E402
 from servelab.measure.process import server_process  # noqa: E402
 from servelab.measure.replay import (  # noqa: E402
     RACE_SEEDS,
+    _rule_on,
     measured_batches,
     race_share,
     summarize,
@@ -93,9 +95,7 @@ def read_stamps(paths: list[Path]) -> dict[str, np.ndarray]:
 
 def traced_run(py: str, rate: float, duration: float, seed: int, folder: Path
                ) -> tuple[LoadResult, dict[str, np.ndarray], str]:
-    libdir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_config_var("
-                             "'LIBDIR'))"], capture_output=True, text=True).stdout.strip()
-    env = {**os.environ, "LD_LIBRARY_PATH": libdir}
+    env = pytriton_env(py)
     port = free_port_run(3)
     trace = folder / f"t{seed}_{time.monotonic_ns()}.json"
     url = f"http://127.0.0.1:{port}"
@@ -121,17 +121,14 @@ def traced_run(py: str, rate: float, duration: float, seed: int, folder: Path
 
 def engine_on(arrival_ns: np.ndarray, table: np.ndarray, race: float = 0.0
               ) -> dict[str, float]:
-    """The Triton rule on these arrivals; with `race`, the batcher thread wins that share
-    of the completion races (figures averaged over RACE_SEEDS draws)."""
+    """The Triton rule on these arrivals, as replay-trace runs it (`_rule_on`); with
+    `race`, the batcher thread wins that share of the completion races (figures averaged
+    over RACE_SEEDS draws)."""
     at = np.sort(arrival_ns)
-    runs = []
-    for seed in range(RACE_SEEDS if race else 1):
-        rec = simulate_policy(at - at[0], table, np.ones(1),
-                              replace(POLICY, batcher_first=race), 1, seed=seed)
-        ok = rec.start_ns >= 0
-        runs.append(summarize(rec.arrival_ns[ok], rec.start_ns[ok], rec.end_ns[ok],
-                              POLICY.max_batch_size))
-    return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+    none = np.zeros(0, dtype=np.int64)
+    return _rule_on(TraceRequests("sleep", at, none, none, 0),
+                    replace(POLICY, batcher_first=race), table, 1,
+                    RACE_SEEDS if race else 1)
 
 
 def one_run(py: str, rate: float, a: argparse.Namespace, folder: Path, seed: int) -> None:

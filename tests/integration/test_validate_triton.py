@@ -44,6 +44,14 @@ def pytriton_python() -> str | None:
     return str(py) if ok.returncode == 0 else None
 
 
+def pytriton_env(py: str) -> dict[str, str]:
+    """This process's environment with the PyTriton interpreter's own lib folder on
+    LD_LIBRARY_PATH (its bundled tritonserver links libpython from there)."""
+    libdir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_config_var("
+                             "'LIBDIR'))"], capture_output=True, text=True).stdout.strip()
+    return {**os.environ, "LD_LIBRARY_PATH": libdir}
+
+
 def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: str,
                        timeout_s: float = 600, before_stop: Callable[[], object] | None = None
                        ) -> subprocess.CompletedProcess[str]:
@@ -51,9 +59,7 @@ def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: st
     if it exits while the command runs: a CI run of 2026-12-06 had it refuse connections
     in the middle of a validate run's profile), run the servelab command argv_for(port)
     against it, call `before_stop` while it still runs, stop it."""
-    libdir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_config_var("
-                             "'LIBDIR'))"], capture_output=True, text=True).stdout.strip()
-    env = {**os.environ, "LD_LIBRARY_PATH": libdir}
+    env = pytriton_env(py)
     for attempt in range(2):
         port = free_port_run(3)  # HTTP, GRPC, metrics
         try:

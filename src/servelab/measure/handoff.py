@@ -103,7 +103,8 @@ def read_handoff(tr: TraceRequests, max_batch_size: int, delay_ns: int, instance
                 turn = np.maximum(icpt + slope * ks, 0.0)
             turn[seen] = mean_ms
             sizes_read = tuple(int(k) for k in seen)
-    share, judged = race_share(tr, max_batch_size, delay_ns, instances) if race else (0.0, 0)
+    share, judged = (race_share(tr, max_batch_size, delay_ns, instances, tb) if race
+                     else (0.0, 0))
     return HandOff(tuple(float(x) for x in turn), gaps, sizes_read,
                    round(float(share), 3) if race and judged >= MIN_RACES else None,
                    int(judged))
