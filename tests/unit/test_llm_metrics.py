@@ -3,6 +3,7 @@ times (plain Python, vLLM's definitions as written in its benchmark), and hand c
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import statistics
@@ -591,6 +592,36 @@ def test_validates_prompt_index_ranges_do_not_overlap():
     # the words spell indices up to about 40M (validate once stopped on 40,003,000)
     assert ranges[-1][1] <= len(words()) ** _INDEX_WORDS
     assert every_seed <= v.REPROFILE_SPAN
+
+
+@pytest.mark.parametrize("slots", [1, 2, 4, 5, 76, 77, 256, 257, 1024, 1_000_000])
+def test_a_profile_and_its_slot_touches_keep_to_their_seeds_indices(slots: int) -> None:
+    """A profile of any server, every mixed row tried MIXED_TRIES times, and a llama.cpp
+    server's slot touches before each of up to 10 steps and the saturation run, stay
+    within one seed's SEED_STRIDE indices (until 2026-12-06 a profile of more than 76
+    slots ran into the next seed's); the profile runs at most PROFILE_MAX_SEQS at once."""
+    from servelab.measure import llm_validate as v
+
+    assert v.profile_indices(slots) <= v.SEED_STRIDE
+    assert max(v.profile_levels(slots)) == min(slots, v.PROFILE_MAX_SEQS)
+    assert all(c + 1 <= min(slots, v.PROFILE_MAX_SEQS) for c in v.mixed_counts(slots))
+    assert 11 * v.LLAMA_CPP_MAX_SLOTS <= v.SEED_STRIDE
+
+
+def test_a_llama_cpp_server_of_more_slots_than_validate_touches_is_refused() -> None:
+    from servelab.llm.rules import SchedulingRule
+    from servelab.measure import llm_validate as v
+    from servelab.measure.llm_load import new_session
+
+    async def limits(slots: int):  # type: ignore[no-untyped-def]
+        async with new_session(4) as s:  # nothing listens on port 9: /props is not read
+            return await v.discover_limits(s, "http://127.0.0.1:9", SchedulingRule.LLAMA_CPP,
+                                           slots, 512, None)
+
+    assert asyncio.run(limits(v.LLAMA_CPP_MAX_SLOTS)).slots == v.LLAMA_CPP_MAX_SLOTS
+    with pytest.raises(InputError, match="-np 256 or fewer") as e:
+        asyncio.run(limits(v.LLAMA_CPP_MAX_SLOTS + 1))
+    assert "--max-num-seqs = 257" in str(e.value)
 
 
 def test_a_decode_row_is_a_typical_run_not_the_best():

@@ -109,12 +109,21 @@ DRIFT_NOTE_PCT = 5.0  # a decode probe this far from the profile is noted
 # each kind of request draws its prompts from its own indices (a test holds the ranges
 # apart, and under the words' limit, about 40M): the load steps from 0, then these
 PROFILE_INDEX = 10_000_000  # the profile's prompt indices
-PROBE_INDEX = 11_000_000
-TOUCH_INDEX = 12_000_000  # the slot touches' prompt indices
-REPROFILE_INDEX = 13_000_000  # the profile again before load step k: k * REPROFILE_SPAN on
+PROBE_INDEX = 11_100_000
+TOUCH_INDEX = 12_200_000  # the slot touches' prompt indices
+REPROFILE_INDEX = 13_300_000  # the profile again before load step k: k * REPROFILE_SPAN on
 # (and after the last step: len(shares) * REPROFILE_SPAN on)
-SEED_SPREAD = 997  # seeds apart by other than a multiple of this share no index words
-SEED_STRIDE = 1_000  # prompt indices a seed's profile (or its probes) may use
+SEED_SPREAD = 331  # seeds apart by other than a multiple of this share no index words
+# prompt indices a seed's profile (or its probes, or its slot touches) may use: a profile
+# of PROFILE_MAX_SEQS sequences with every mixed row tried MIXED_TRIES times uses 3,159
+# (`profile_indices`; until 2026-12-06 1,000, which a profile of more than 76 slots ran past)
+SEED_STRIDE = 3_200
+# the most sequences the profile runs at once (vLLM's default max_num_seqs): a server of
+# more slots is profiled at this many, and the fit carries its sequence term past them
+PROFILE_MAX_SEQS = 256
+# validate sets a llama.cpp server's slot order by touching each slot before every step,
+# on indices of the seed's own: at most this many slots
+LLAMA_CPP_MAX_SLOTS = PROFILE_MAX_SEQS
 REPROFILE_SPAN = SEED_SPREAD * SEED_STRIDE  # every seed's profile before one load step
 # a profile request whose prompt the server served this much of from its cache is refused
 # (a new prompt shares its first token or two with the slot's last one at most)
@@ -536,6 +545,11 @@ async def discover_limits(session: aiohttp.ClientSession, base: str, rule: Sched
         src += f"; max_num_batched_tokens {nb} is llama.cpp's default -b (not reported)"
     if rule is SchedulingRule.LLAMA_CPP:
         src += f"; n_ubatch {LLAMA_CPP_N_UBATCH} is its default -ub (not reported)"
+    if rule is SchedulingRule.LLAMA_CPP and s > LLAMA_CPP_MAX_SLOTS:
+        raise invalid("--max-num-seqs" if slots else "llama.cpp's total_slots", s,
+                      f"at most {LLAMA_CPP_MAX_SLOTS} slots: validate touches each "
+                      "llama.cpp slot before every load step",
+                      f"run llama-server with -np {LLAMA_CPP_MAX_SLOTS} or fewer")
     limits = ServerLimits(rule, s, c, nb, src)
     limits.scheduler().check()
     return limits
@@ -630,7 +644,6 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
     # prompt indices of their own: nothing shared with the load steps, nor (the words
     # spelling the index come first) with another seed's profile
     index = seeded_index(base, seed)
-    last = index + SEED_STRIDE  # the first index past this seed's
     for length in PREFILL_LENGTHS:
         reqs = random_requests(PREFILL_REPEATS, input_len=length, output_len=2,
                                tokens_per_word=tpw, seed=seed, first_index=index)
@@ -653,9 +666,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
             overheads.append(ttft_ms - step_ms)
         add([Seq(0, int(np.median(tokens)), 0, False, True)], float(np.median(times)))
     say(f"profile: prefill at {', '.join(map(str, PREFILL_LENGTHS))} tokens")
-    # each count a small server's load runs (under load three streams' steps have run
-    # slower than four's, 2026-12-04), then all slots
-    levels = sorted({*range(1, min(limits.slots, DECODE_EACH_UP_TO) + 1), limits.slots})
+    levels = profile_levels(limits.slots)
     first_decode_ms: list[float] = []  # each level's step after the shorter prompts
     extras: list[np.ndarray] = []  # one stream's first steps after its prompt
     for prompt_len in DECODE_PROMPTS:
@@ -669,10 +680,12 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
             if prompt_len == DECODE_PROMPTS[0]:
                 first_decode_ms.append(gap)
     say(f"profile: decode with {', '.join(map(str, levels))} sequences at once, after "
-        f"{' and '.join(map(str, DECODE_PROMPTS))}-token prompts")
+        f"{' and '.join(map(str, DECODE_PROMPTS))}-token prompts"
+        + (f" (of {limits.slots} slots: the fit carries past {PROFILE_MAX_SEQS})"
+           if limits.slots > PROFILE_MAX_SEQS else ""))
     for prompt_len in MIXED_PROMPTS:
         # c decodes on slots 0 .. c-1, the prompt on slot c (pinned, for llama.cpp)
-        for c in sorted({1, max(1, limits.slots - 1)} & set(range(1, limits.slots))):
+        for c in mixed_counts(limits.slots):
             stream_tokens = mixed_stream_tokens(
                 float(np.interp(c, levels, first_decode_ms)),
                 float(np.interp(prompt_len, rows_p[:len(PREFILL_LENGTHS)],
@@ -680,8 +693,7 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
                 limits.ctx_per_slot - DECODE_PROMPT_MIXED - MIXED_TOKENS_ROOM)
             row = None
             tries = 0
-            while row is None and tries < MIXED_TRIES and (tries == 0
-                                                             or index + c + 1 <= last):
+            while row is None and tries < MIXED_TRIES:
                 row = await _mixed_step(session, ep, prompt_len, c, tpw, index, seed, pin,
                                         stream_tokens)
                 index += c + 1
@@ -701,6 +713,29 @@ async def profile_server(session: aiohttp.ClientSession, ep: Endpoint, limits: S
             + ", ".join(f"{x:.2f}" for x in slow) + " ms more than later ones")
     return Profile.fitted(rows_p, rows_d, rows_k, rows_ms, rows_n, rows_x,
                           max(0.0, float(np.median(overheads))), timed, slow)
+
+
+def profile_levels(slots: int) -> list[int]:
+    """The decode rows' sequence counts: each count a small server's load runs (under
+    load three streams' steps have run slower than four's, 2026-12-04), then all slots,
+    or PROFILE_MAX_SEQS of them."""
+    top = min(slots, PROFILE_MAX_SEQS)
+    return sorted({*range(1, min(top, DECODE_EACH_UP_TO) + 1), top})
+
+
+def mixed_counts(slots: int) -> list[int]:
+    """The running decodes a mixed row's prompt joins: one, and all the profile's top
+    level but the prompt's slot."""
+    top = min(slots, PROFILE_MAX_SEQS)
+    return sorted({1, max(1, top - 1)} & set(range(1, top)))
+
+
+def profile_indices(slots: int) -> int:
+    """The most prompt indices one profile uses (every mixed row tried MIXED_TRIES
+    times); a test holds it within SEED_STRIDE."""
+    return (len(PREFILL_LENGTHS) * PREFILL_REPEATS
+            + len(DECODE_PROMPTS) * DECODE_REPEATS * sum(profile_levels(slots))
+            + len(MIXED_PROMPTS) * MIXED_TRIES * sum(c + 1 for c in mixed_counts(slots)))
 
 
 def pinned(reqs: list[LlmRequest], first_slot: int, pin: bool) -> list[LlmRequest]:
