@@ -12,6 +12,9 @@ measurement of each rate is then scored three ways:
   statistics count them), where the warm-up showed any;
 - **no hand-off**: the same without the instance's turnaround between batches and the
   completion race the warm-up's trace showed (measure/handoff.py);
+- **no series**: the same with each size's mean batch time for every batch, where the
+  prediction draws the warm-up's batch times in their order, in runs of 50
+  (stall_fit.speed_series);
 - **fixed front end**: the prediction with the front end's costs as fitted at low load,
   where "at rate" scales them to give the warm-up's median latency (validate's default;
   `--no-frontend-at-rate` predicts with the fitted costs, and this row is then empty);
@@ -70,7 +73,7 @@ from servelab.measure.validate import (  # noqa: E402
 # issue 28's p99 tolerance at validate's rates, 20%, 50% and 80% of saturation (--serve demo)
 P99_BAR = (0.20, 0.20, 0.30)
 TRITON_RATES = "100,250,400"  # the integration test's rates, each held to p99 within 20%
-WAYS = ("at rate", "no stalls", "no hand-off", "fixed front end", "profile",
+WAYS = ("at rate", "no stalls", "no hand-off", "no series", "fixed front end", "profile",
         "given the run's", "warm-up itself")
 
 
@@ -195,6 +198,10 @@ def main() -> None:
                     f"{k}: {v:.3f}" for k, v in list(ho["turnaround_ms"].items())[:4])
                     + f" ms; batcher first {ho['batcher_first']} "
                     f"({ho['races_judged']} races)")
+            se = w.get("series")
+            if se:
+                print(f"    series: {se['batches']} batches, cv {se['cv']:.3f}, drawn in runs "
+                      f"of {se['block']}")
             sp = w.get("split")
             if sp:
                 print("    where the warm-up's time went, p50 measured / simulated (ms): "
@@ -204,6 +211,7 @@ def main() -> None:
             each = {"at rate": r["compare"] if calibrated else None,
                     "no stalls": r.get("without_stalls"),
                     "no hand-off": r.get("without_handoff"),
+                    "no series": r.get("without_series"),
                     "fixed front end": r.get("fixed_frontend"),
                     "profile": r["closed_loop_profile"] if calibrated else r["compare"],
                     "given the run's": g["compare"] if g else None,

@@ -205,6 +205,7 @@ def _int_list(name: str, v: Any) -> tuple[int, ...]:
 
 
 MAX_SAMPLES = 1_000_000
+MAX_MULTIPLIER_BLOCK = 100_000  # [model] multiplier_block: consecutive multipliers a draw
 
 
 def _samples(lo: float, hi: float, what: str, most: int = MAX_SAMPLES
@@ -502,6 +503,11 @@ class ServiceModelSpec:
     multipliers: tuple[float, ...] = spec(
         (), _samples(0.0, 1000.0, "multipliers (batch time / mean)"),
         "empirical: measured batch time / the model's mean")
+    multiplier_block: int = spec(
+        1, _int(1, MAX_MULTIPLIER_BLOCK),
+        "empirical: the multipliers drawn in runs of this many consecutive ones, in their "
+        "measured order (a block bootstrap, which keeps how a server's speed drifts from "
+        "batch to batch); 1: each drawn on its own.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1027,7 +1033,7 @@ _MODEL_KEYS = {
     ServiceKind.ROOFLINE: {"flops_per_row", "bytes_per_row", "bytes_per_batch", "overhead_us",
                            "efficiency", "precision"},
 }
-_MODEL_COMMON = {"kind", "name", "variability", "cv", "multipliers"}
+_MODEL_COMMON = {"kind", "name", "variability", "cv", "multipliers", "multiplier_block"}
 
 
 def _section(name: str, raw: Any) -> Any:
@@ -1104,6 +1110,11 @@ def _check_model(m: ServiceModelSpec, given: set[str]) -> ServiceModelSpec:
                       "multipliers exactly when variability = 'empirical'",
                       "give measured multipliers = [...] with variability = 'empirical', "
                       "or neither")
+    if m.multiplier_block > 1 and m.variability is not Variability.EMPIRICAL:
+        raise invalid("[model] multiplier_block", m.multiplier_block,
+                      "1 unless variability = 'empirical' (it draws measured multipliers "
+                      "in runs)", "leave multiplier_block out, or give measured multipliers "
+                      "with variability = 'empirical'")
     if m.multipliers and sum(m.multipliers) <= 0:
         raise invalid("[model] multipliers", "all zero", "some multiplier > 0",
                       "give measured batch times divided by the model's mean")

@@ -185,7 +185,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                     "--frontend-cpu-ms", "--frontend-answer-share", "--stalls",
                     "--no-stalls", "--stability-percentage", "--max-trials",
                     "--percentile", "--frontend-at-rate", "--no-frontend-at-rate",
-                    "--trace-file", "--handoff", "--no-handoff"],
+                    "--trace-file", "--handoff", "--no-handoff", "--series", "--no-series"],
     # (no output paths here: a generated one would be written; the named cases hold them)
     ("llm", "fit"): ["--max-evals", "--tp", "--gpu-memory-utilization",
                      "--block-size", "--max-num-seqs", "--max-num-batched-tokens",

@@ -243,6 +243,12 @@ def check_demo_report(report: dict, out_dir: Path) -> None:
         assert all(0 <= v < 5 for v in ho["turnaround_ms"].values()), ho
         assert ho["batcher_first"] is None or 0 <= ho["batcher_first"] <= 1
         assert set(r["without_handoff"]) == set(r["compare"])
+        # ... and its batch times in their order, drawn in runs (stall_fit.speed_series)
+        se = w["series"]
+        assert se is not None
+        assert se["batches"] >= st["batches"] // 2, (se, st)
+        assert 0 < se["cv"] < 5
+        assert set(r["without_series"]) == set(r["compare"])
         rate = f"{r['rate_per_s']:g}"
         assert any(n.startswith(f"at {rate}/s predicted with the batch times of a warm-up")
                    for n in report["notes"]), report["notes"]

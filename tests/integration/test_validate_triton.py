@@ -172,6 +172,9 @@ def check_report(report: dict, out: Path) -> None:
         assert w["stalls"] is not None
         assert set(w["split"]["measured"]) == set(w["split"]["simulated"])
         assert set(r["without_handoff"]) == set(c)
+        assert w["series"] is not None
+        assert w["series"]["batches"] > 0
+        assert set(r["without_series"]) == set(c)
 
 
 @pytest.mark.slow

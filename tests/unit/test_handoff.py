@@ -218,7 +218,7 @@ def test_the_trace_flags_are_checked_by_name(tmp_path: Path):
         with pytest.raises(InputError, match=r"--trace-file.*warm-up at each rate"):
             ValidationSpec(url="http://127.0.0.1:1", model="m",
                            trace_file=tmp_path / "t.json", **no_warm_up)
-    for flag in ("stalls", "handoff"):
+    for flag in ("stalls", "handoff", "series"):
         with pytest.raises(InputError, match=f"--{flag}.*--trace-file"):
             ValidationSpec(url="http://127.0.0.1:1", model="m", **{flag: True})
         with pytest.raises(InputError, match=f"--{flag}"):  # no warm-up, no window
@@ -236,6 +236,25 @@ def test_the_trace_flags_are_checked_by_name(tmp_path: Path):
                               trace_file=tmp_path / "t.json").with_handoff
     assert ValidationSpec(serve="demo").with_handoff
     assert not ValidationSpec(serve="demo", calibrate_at_rate=False).has_trace
+    assert traced.with_series
+    assert ValidationSpec(serve="demo").with_series
+    assert not url.with_series
+    assert not ValidationSpec(serve="demo", series=False).with_series
+
+
+def test_the_scenario_draws_the_series_in_runs():
+    from servelab.measure.load import Target
+    from servelab.measure.stall_fit import SERIES_BLOCK
+    from servelab.measure.validate import Profile, ServerPolicy, fit_scenario
+
+    t = Target("127.0.0.1", 1, "m")
+    sp = ServerPolicy(POLICY, 1, "flags")
+    prof = Profile(rows_ms={1: 1.5, 2: 2.0}, outside_ms=np.full(50, 0.5))
+    assert fit_scenario(t, sp, prof).model.variability.value == "deterministic"
+    drawn = fit_scenario(t, sp, replace(prof, series=np.array([0.9, 1.1, 1.3, 0.7])))
+    assert drawn.model.variability.value == "empirical"
+    assert drawn.model.multipliers == (0.9, 1.1, 1.3, 0.7)
+    assert drawn.model.multiplier_block == SERIES_BLOCK
 
 
 def test_a_trace_file_that_held_no_warm_up_is_named_with_the_fix(tmp_path: Path):

@@ -136,3 +136,37 @@ def test_empirical_needs_multipliers_and_only_then():
         model(kind="constant", latency_ms=1.0, multipliers=[1.0, 2.0])
     with pytest.raises(InputError, match="multipliers"):
         model(kind="constant", latency_ms=1.0, variability="empirical", multipliers=[-1.0])
+
+
+def test_empirical_multipliers_in_runs_keep_their_order():
+    """multiplier_block > 1 draws runs of consecutive measured multipliers from random
+    starts (wrapping round): each run is a stretch of the measured series, in order."""
+    measured = np.arange(1.0, 101.0)  # 1..100, each its own value
+    d = draw_multipliers(Variability.EMPIRICAL, 0.0, 1_003, np.random.default_rng(5),
+                         tuple(measured), block=10)
+    assert d.size == 1_003
+    scaled = np.round(d * measured.mean(), 9)  # back to the measured values
+    for run in range(0, 1_000, 10):
+        steps = np.diff(scaled[run:run + 10])
+        assert set(np.unique(steps)) <= {1.0, -99.0}  # the next one, or round to the first
+    many = draw_multipliers(Variability.EMPIRICAL, 0.0, 200_000, np.random.default_rng(6),
+                            tuple(measured), block=10)
+    assert many.mean() == pytest.approx(1.0, rel=0.02)  # scaled to mean 1
+    # one at a time, as before: the same draws as without a block
+    rng_a, rng_b = np.random.default_rng(7), np.random.default_rng(7)
+    assert (draw_multipliers(Variability.EMPIRICAL, 0.0, 50, rng_a, tuple(measured))
+            == draw_multipliers(Variability.EMPIRICAL, 0.0, 50, rng_b, tuple(measured),
+                                block=1)).all()
+
+
+def test_multiplier_block_is_for_measured_multipliers_and_bounded():
+    with pytest.raises(InputError, match=r"multiplier_block = 5: expected 1 unless"):
+        model(kind="constant", latency_ms=1.0, multiplier_block=5)
+    for bad in (0, 100_001, 2.5, True):
+        with pytest.raises(InputError, match="multiplier_block"):
+            model(kind="constant", latency_ms=1.0, variability="empirical",
+                  multipliers=[1.0, 2.0], multiplier_block=bad)
+    s = scenario_from_dict({"model": {"kind": "constant", "latency_ms": 1.0,
+                                      "variability": "empirical", "multipliers": [1.0, 2.0],
+                                      "multiplier_block": 50}})
+    assert s.model.multiplier_block == 50

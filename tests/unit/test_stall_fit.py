@@ -91,3 +91,50 @@ def test_stalls_read_back_from_a_simulation_that_had_them():
     assert set(np.round(fit.lengths_ms, 6)) <= {6.0, 12.0}
     assert np.mean(np.isclose(fit.lengths_ms, 6.0)) > 0.9
     assert fit.clean == {k: (n, n * MS) for k, (n, _) in fit.clean.items()}
+
+
+def test_the_speed_series_is_each_batch_over_its_sizes_mean_in_order():
+    from servelab.measure.stall_fit import speed_series
+
+    # batches of one: 1, 1.2, 0.8 ms ... in this order, then a 4 ms stall; batches of two
+    # at 2 ms and one at 3.5 ms, interleaved in time with them
+    ones = [1.0, 1.2, 0.8, 1.0, 1.0, 1.0, 4.0]
+    twos = [2.0, 3.5, 2.0, 2.0, 2.0, 2.0]
+    batches = [(10.0 * i, t, 1) for i, t in enumerate(ones)]
+    batches += [(10.0 * i + 5, t, 2) for i, t in enumerate(twos)]
+    start, end = _requests(batches)
+    raw = speed_series(start, end, clean=False)
+    order = sorted(range(len(batches)), key=lambda i: batches[i][0])
+    mean1, mean2 = np.mean(ones), np.mean(twos)
+    want = [batches[i][1] / (mean1 if batches[i][2] == 1 else mean2) for i in order]
+    assert raw == pytest.approx(want)
+    # clean: the stall (4 ms, 4x the 1 ms median) counts at its size's usual time
+    clean = speed_series(start, end, clean=True)
+    ones_clean = [1.0, 1.2, 0.8, 1.0, 1.0, 1.0, 1.0]
+    assert clean[order.index(6)] == pytest.approx(1.0 / np.mean(ones_clean))
+    assert clean[order.index(0)] == pytest.approx(1.0 / np.mean(ones_clean))
+    # 3.5 ms against a 2 ms median: 1.75x and 1.5 ms more, a stall too
+    assert clean[order.index(len(ones) + 1)] == pytest.approx(1.0)
+    assert speed_series(*_requests([(0.0, 1.0, 1)]), clean=True).size == 0  # seen once
+
+
+def test_slow_stretches_drawn_in_runs_lengthen_the_tail_that_one_by_one_draws_miss():
+    """The same measured multipliers, a slow stretch (1.3x) then a fast one (0.7x): drawn
+    one by one they average out batch by batch; drawn in runs the server is slow for a
+    while, its queue builds, and p99 grows (issue 28: the gateway's batch times drift over
+    tens of batches)."""
+    series = [1.3] * 200 + [0.7] * 200
+
+    def p99(block: int) -> float:
+        s = scenario_from_dict({
+            "workload": {"qps": 1200.0, "num_requests": 60_000, "seed": 1},
+            "batching": {"max_batch_size": 8, "max_queue_delay_microseconds": 1000},
+            "model": {"kind": "affine", "base_ms": 2.0, "per_row_ms": 0.3,
+                      "variability": "empirical", "multipliers": series,
+                      "multiplier_block": block},
+            "latency": {"network_ms": 0.0, "feature_fetch_ms": 0.0}})
+        r = simulate(s).records
+        return float(np.percentile((r.end_ns - r.arrival_ns) / 1e6, 99))
+
+    one_by_one, in_runs = p99(1), p99(100)  # 14.2 and 24.4 ms (2026-12-06)
+    assert in_runs > 1.4 * one_by_one, (one_by_one, in_runs)

@@ -502,7 +502,8 @@ def test_a_warm_up_at_each_rate_is_noted_and_cannot_be_asked_with_the_search_cal
     assert d["sizes_ms"] == {"1": 1.25, "2": 1.5}
     assert d["measured"]["requests"] == load_step().requests
     assert rows[1].to_dict()["warmup"] == {
-        "measured": failed.to_dict(), "stalls": None, "handoff": None, "split": None,
+        "measured": failed.to_dict(), "stalls": None, "handoff": None, "series": None,
+        "split": None,
         "as_prediction": checks_dict(warmup_as_prediction(rows[1].measured, failed))}
     assert rows[2].to_dict()["warmup"] is None
 

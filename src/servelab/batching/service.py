@@ -227,12 +227,15 @@ def exec_table_ns(model: ServiceModel, max_batch_size: int) -> np.ndarray:
 
 def draw_multipliers(variability: Variability, cv: float, n: int,
                      rng: np.random.Generator,
-                     samples: tuple[float, ...] = ()) -> np.ndarray:
+                     samples: tuple[float, ...] = (), block: int = 1) -> np.ndarray:
     """Per-batch factors with mean 1 that scale the mean execution time.
 
     Empirical: the measured multipliers (each batch's time over the model's mean at
     its size), scaled to mean 1 so the model's mean stays the mean, and resampled
-    with replacement: a measured stall comes back about as often as it was seen.
+    with replacement: a measured stall comes back about as often as it was seen. With
+    `block` > 1, in runs of `block` consecutive ones from a random start (wrapping
+    round), so a stretch of slow batches stays together as the server ran them (a
+    moving-block bootstrap).
     """
     if variability is Variability.DETERMINISTIC:
         return np.ones(n)
@@ -240,7 +243,12 @@ def draw_multipliers(variability: Variability, cv: float, n: int,
         return rng.exponential(1.0, n)
     if variability is Variability.EMPIRICAL:
         pool = np.asarray(samples, dtype=np.float64)
-        drawn: np.ndarray = rng.choice(pool / pool.mean(), n)
-        return drawn
+        pool = pool / pool.mean()
+        if block <= 1:
+            drawn: np.ndarray = rng.choice(pool, n)
+            return drawn
+        starts = rng.integers(0, pool.size, -(-n // block))
+        runs: np.ndarray = pool[(starts[:, None] + np.arange(block)).ravel()[:n] % pool.size]
+        return runs
     shape = 1.0 / (cv * cv)
     return rng.gamma(shape, 1.0 / shape, n)

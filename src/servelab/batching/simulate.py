@@ -369,7 +369,8 @@ def simulate(scenario: Scenario, service: ServiceModel | None = None) -> Simulat
         real_ns = arrivals.ns.copy()
         arrivals.ns[:] = stalls.to_server(real_ns)
     mult = (np.ones(1) if s.model.variability is Variability.DETERMINISTIC else
-            draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers))
+            draw_multipliers(s.model.variability, s.model.cv, n, svc_rng, s.model.multipliers,
+                             s.model.multiplier_block))
     exec_ns = exec_table_ns(service, policy.max_batch_size)
     slowest_ns = float(exec_ns.max()) * float(mult.max(initial=1.0))
     # With a front-end station the batcher sees each request when it leaves the station.

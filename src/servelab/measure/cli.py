@@ -323,6 +323,12 @@ def validate(
              "between batches (its end to the next start, which no statistic counts) and "
              "the share of completion races the batcher thread wins, and simulate them "
              "(default: on wherever a trace is read).")] = None,
+    series: Annotated[bool | None, typer.Option(
+        "--series/--no-series",
+        help="Draw the batch times the trace showed during each rate's warm-up in their "
+             "order, in runs of 50 batches, so the server's slow stretches come back as "
+             "stretches (default: on wherever a trace is read; off: each size's mean "
+             "time for every batch).")] = None,
     frontend_at_rate: Annotated[bool | None, typer.Option(
         "--frontend-at-rate/--no-frontend-at-rate",
         help="With a warm-up and a front-end station: scale the front end's fitted costs "
@@ -364,7 +370,8 @@ def validate(
         frontend_workers=frontend_workers, frontend_cpu_ms=frontend_cpu_ms,
         frontend_event_loop=frontend_event_loop, frontend_answer_share=frontend_answer_share,
         stalls=stalls, stability=_stability(stability_percentage, max_trials, percentile),
-        frontend_at_rate=frontend_at_rate, trace_file=trace_file, handoff=handoff)
+        frontend_at_rate=frontend_at_rate, trace_file=trace_file, handoff=handoff,
+        series=series)
 
     def say(message: str) -> None:
         if not as_json:

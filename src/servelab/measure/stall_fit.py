@@ -106,3 +106,39 @@ def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray, span_s: float | None = 
     return StallFit(int(stalled.sum()) / running_s if running_s > 0 else 0.0,
                     tuple(float(x) for x in lengths), int(size.size), int(stalled.sum()),
                     busy_s, stalled_s, span_s, clean)
+
+
+# validate draws the warm-up's batch times in runs of this many consecutive batches
+# (`speed_series`): a server's speed drifts over tens of batches. On the gateway at 800
+# and 1,150/s (2026-12-06, the AMD VM) each batch's time over its size's mean had a lag-1
+# autocorrelation of 0.25-0.42, fading over 20-50 batches; its 200 ms means spread 2.4-3.2
+# times as far as independent batches' would. Runs of 20 and of 100 batches predicted the
+# second half of a run from its first alike (queue + compute p99 −8% and −9% at 800/s,
+# −23% and −21% at 1,150/s, against −16% and −35% with each size's mean alone and −13%
+# and −30% with the batches drawn one by one).
+SERIES_BLOCK = 50
+MAX_SERIES = 100_000  # batches kept (every k-th beyond)
+MAX_MULTIPLIER = 1000.0  # [model] multipliers' range
+
+
+def speed_series(start_ns: np.ndarray, end_ns: np.ndarray, clean: bool) -> np.ndarray:
+    """Each batch's time over its size's mean, in the order the batches ran (a trace's
+    requests' COMPUTE_START and COMPUTE_END): the simulator's empirical multipliers,
+    drawn in runs of SERIES_BLOCK. `clean`: a stalled batch counts at its size's usual
+    time, as where the stalls are simulated apart (`fit_stalls`). Empty when no size
+    ran MIN_SIZE_BATCHES times."""
+    b_start, b_end, size = batches_of(np.asarray(start_ns, np.int64),
+                                      np.asarray(end_ns, np.int64))
+    exec_ns = (b_end - b_start).astype(np.float64)
+    base = usual_ns(size, exec_ns)
+    if not base.size:
+        return np.zeros(0)
+    if clean:
+        stalled = (exec_ns > STALL_FACTOR * base) & (exec_ns - base >= STALL_MIN_MS * 1e6)
+        exec_ns = np.where(stalled, base, exec_ns)
+    mean = (np.bincount(size, weights=exec_ns) / np.maximum(np.bincount(size), 1))[size]
+    out: np.ndarray = np.clip(np.divide(exec_ns, mean, out=np.ones_like(exec_ns),
+                                        where=mean > 0), 0.0, MAX_MULTIPLIER)
+    if out.size > MAX_SERIES:  # every k-th: the same drift, within the cap
+        out = out[:: -(-out.size // MAX_SERIES)]
+    return out

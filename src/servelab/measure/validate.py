@@ -84,7 +84,14 @@ from servelab.measure.loadgen import (
     run_open_loop,
 )
 from servelab.measure.stability import Stability, last_spread
-from servelab.measure.stall_fit import STALL_FACTOR, STALL_MIN_MS, StallFit, fit_stalls
+from servelab.measure.stall_fit import (
+    SERIES_BLOCK,
+    STALL_FACTOR,
+    STALL_MIN_MS,
+    StallFit,
+    fit_stalls,
+    speed_series,
+)
 from servelab.report import jsonable
 from servelab.scenario import (
     MAX_BATCH,
@@ -374,6 +381,11 @@ class RateCheck:
     # not read), and the same prediction without it
     handoff: HandOff | None = None
     without_handoff: dict[str, Check] | None = None
+    # the warm-up's batch times in their order, drawn in runs (stall_fit.speed_series;
+    # None: not read): how many batches, their spread, and the prediction with each
+    # size's mean time instead
+    series: dict[str, float] | None = None
+    without_series: dict[str, Check] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.given_measured_compute
@@ -387,6 +399,8 @@ class RateCheck:
                    else {"without_stalls": checks_dict(self.without_stalls)}),
                 **({} if self.without_handoff is None
                    else {"without_handoff": checks_dict(self.without_handoff)}),
+                **({} if self.without_series is None
+                   else {"without_series": checks_dict(self.without_series)}),
                 "frontend_scale": self.frontend_scale,
                 **({} if self.fixed_frontend is None
                    else {"fixed_frontend": checks_dict(self.fixed_frontend)}),
@@ -398,6 +412,7 @@ class RateCheck:
                         warmup_as_prediction(self.measured, self.warmup_measured)),
                     "stalls": None if self.stalls is None else self.stalls.to_dict(),
                     "handoff": None if self.handoff is None else self.handoff.to_dict(),
+                    "series": self.series,
                     "split": self.warmup_split}}
 
 
@@ -436,6 +451,10 @@ class Profile:
     # how the server hands one batch over to the next, read from its trace (see
     # measure/handoff.py): each size's turnaround on top of its time, and the race
     handoff: HandOff | None = None
+    # each batch's time over its size's mean, in the order a trace showed them
+    # (stall_fit.speed_series): drawn in runs of SERIES_BLOCK, so the server's slow
+    # stretches come back as stretches; empty: each size's mean time, every batch
+    series: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def to_dict(self) -> dict[str, Any]:
         o = self.outside_ms
@@ -702,7 +721,10 @@ def fit_scenario(t: Target, sp: ServerPolicy, prof: Profile, *, outside: bool = 
                                        else p.batcher_first)},
         "hardware": {"num_gpus": 1},
         "model": {"kind": "profile", "name": f"{t.model}, measured", "points": points,
-                  "per_request_ms": round(prof.per_request_ms * scale, 6)},
+                  "per_request_ms": round(prof.per_request_ms * scale, 6),
+                  **({} if not prof.series.size else {
+                      "variability": "empirical", "multiplier_block": SERIES_BLOCK,
+                      "multipliers": [round(float(x), 5) for x in prof.series]})},
         "latency": {"network_samples_ms": outside_after_frontend(prof) if outside else [0.0],
                     "feature_fetch_ms": 0.0, "p99_slo_ms": 100.0},
     }
@@ -1091,7 +1113,8 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
                         at_rate: bool = False, trace: Path | None = None,
                         stability: Stability | None = None,
                         frontend_at_rate: bool = False, stalls_on: bool = True,
-                        handoff: bool = True, race: bool = True) -> RateCheck:
+                        handoff: bool = True, race: bool = True,
+                        series: bool = True) -> RateCheck:
     """One rate: probe, open-loop Poisson load, then the prediction on the same arrivals,
     and the diagnosis with the run's own measured compute time. With `closed_loop` (the
     profile before calibration under load), its prediction too, for reference.
@@ -1159,6 +1182,14 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
             stalled[0].stalls = stalls
             warm = stalled
     used = handed(prof if warm is None else warm[0])
+    drawn = None
+    if warm_trace is not None and series:
+        ser = speed_series(warm_trace.start_ns, warm_trace.end_ns,
+                           clean=used.stalls is not None and bool(used.stalls.stalls))
+        if ser.size and float(ser.sum()) > 0:
+            used = replace(used, series=ser)
+            drawn = {"batches": int(ser.size), "cv": float(ser.std() / ser.mean()),
+                     "block": SERIES_BLOCK}
     fixed_frontend = None
     if frontend_at_rate and warm_step is not None and used.frontend_workers:
         k = frontend_scale(t, sp, used, warmup_offsets(rate, n, seed), seed,
@@ -1169,6 +1200,8 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
     if ho is not None:  # (with the front end's scale as read with the hand-off)
         no_handoff = compare(measured, predict(fit_scenario(
             t, sp, replace(used, handoff=None)), offsets, seed))
+    no_series = None if drawn is None else compare(measured, predict(fit_scenario(
+        t, sp, replace(used, series=np.zeros(0))), offsets, seed))
     split = None
     if warm_trace is not None and warm_res is not None:
         from servelab.batching.simulate import simulate
@@ -1190,7 +1223,7 @@ def measure_and_predict(t: Target, meta: dict[str, Any], sp: ServerPolicy, prof:
                                measured, sent_s=sent[0] if sent else None),
         drift, None if now is None else now.exec_ms, None if warm is None else warm[1],
         warm_step, stalls, no_stalls, used.frontend_scale, fixed_frontend, split, ho,
-        no_handoff)
+        no_handoff, drawn, no_series)
 
 
 def _summed_deltas(pairs: list[tuple[Any, Any]]) -> dict[int, tuple[int, int]]:
@@ -1578,6 +1611,9 @@ class ValidationSpec:
     # Read the hand-off between batches from the warm-up's trace and simulate it (see
     # measure/handoff.py); None: on wherever a trace is read
     handoff: bool | None = None
+    # Draw the warm-up's batch times in their order, in runs (stall_fit.speed_series);
+    # None: on wherever a trace is read
+    series: bool | None = None
 
     def __post_init__(self) -> None:
         if self.trace_file is not None and self.serve is not None:
@@ -1593,7 +1629,8 @@ class ValidationSpec:
                           "(validate reads the trace during each rate's warm-up)",
                           "leave out --calibrate and --no-calibrate-at-rate, or leave "
                           "--trace-file out")
-        for flag, on in (("--stalls", self.stalls), ("--handoff", self.handoff)):
+        for flag, on in (("--stalls", self.stalls), ("--handoff", self.handoff),
+                         ("--series", self.series)):
             if on and not self.has_trace:
                 raise invalid(flag, True, "a trace read during a warm-up at each rate: "
                               "--serve (the gateway validate starts), or --url with "
@@ -1681,6 +1718,12 @@ class ValidationSpec:
         trace showed (measure/handoff.py): by default wherever a trace is read."""
         return self.handoff if self.handoff is not None else self.has_trace
 
+    @property
+    def with_series(self) -> bool:
+        """Whether the prediction draws the warm-up's batch times in their order, in runs
+        (stall_fit.speed_series): by default wherever a trace is read."""
+        return self.series if self.series is not None else self.has_trace
+
 
 @dataclass(frozen=True, slots=True)
 class ValidationReport:
@@ -1753,7 +1796,7 @@ def run_validation(spec: ValidationSpec, *,
                             ("--instances", spec.instances)):
                 if v is not None:
                     cmd += [flag, str(v)]
-            if spec.with_stalls or spec.with_handoff:
+            if spec.with_stalls or spec.with_handoff or spec.with_series:
                 trace = Path(stack.enter_context(tempfile.TemporaryDirectory(
                     prefix="servelab-trace-"))) / "trace"
                 from servelab.trace_file import MAX_TRACE_REQUESTS
@@ -1829,7 +1872,8 @@ def run_validation(spec: ValidationSpec, *,
                 closed_loop=closed_prof if prof is not closed_prof else None,
                 at_rate=spec.at_rate, trace=trace, stability=spec.stability,
                 frontend_at_rate=spec.front_end_at_rate, stalls_on=spec.with_stalls,
-                handoff=spec.with_handoff, race=spec.batcher_first is None))
+                handoff=spec.with_handoff, race=spec.batcher_first is None,
+                series=spec.with_series))
     ok, misses = verdict(rows)
     return ValidationReport(
         model=name, url=target.base, policy_source=sp.source, cpus=pinned,
