@@ -205,6 +205,7 @@ def _int_list(name: str, v: Any) -> tuple[int, ...]:
 
 
 MAX_SAMPLES = 1_000_000
+MAX_MULTIPLIER = 1000.0  # [model] multipliers: a batch's time over the model's mean
 MAX_MULTIPLIER_BLOCK = 100_000  # [model] multiplier_block: consecutive multipliers a draw
 
 
@@ -501,7 +502,7 @@ class ServiceModelSpec:
                                     "empirical.")
     cv: float = spec(0.0, _num(0, MAX_CV), "gamma: the spread's coefficient of variation.")
     multipliers: tuple[float, ...] = spec(
-        (), _samples(0.0, 1000.0, "multipliers (batch time / mean)"),
+        (), _samples(0.0, MAX_MULTIPLIER, "multipliers (batch time / mean)"),
         "empirical: measured batch time / the model's mean")
     multiplier_block: int = spec(
         1, _int(1, MAX_MULTIPLIER_BLOCK),

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from servelab.measure.replay import batches_of
+from servelab.scenario import MAX_MULTIPLIER
 
 STALL_FACTOR = 1.5  # a batch this many times its size's median time ...
 STALL_MIN_MS = 0.5  # ... and at least this much longer (ms) holds a stall
@@ -77,20 +78,32 @@ def usual_ns(size: np.ndarray, exec_ns: np.ndarray) -> np.ndarray:
     return out
 
 
-def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray, span_s: float | None = None
-               ) -> StallFit | None:
-    """The stalls in a trace's requests (each request's COMPUTE_START and COMPUTE_END;
-    the requests of a batch share both) over `span_s` seconds (None: from the first
-    batch's start to the last one's end). None when no batch size ran often enough to
-    have a usual time."""
+def _stalled_batches(start_ns: np.ndarray, end_ns: np.ndarray
+                     ) -> tuple[np.ndarray, ...] | None:
+    """A trace's batches, in the order they started: (start, end, size, time ns, its
+    size's usual time, whether it held a stall: STALL_FACTOR times the usual time and
+    STALL_MIN_MS more). None when no size ran often enough to have a usual time."""
     b_start, b_end, size = batches_of(np.asarray(start_ns, np.int64),
                                       np.asarray(end_ns, np.int64))
     exec_ns = (b_end - b_start).astype(np.float64)
     base = usual_ns(size, exec_ns)
     if not base.size:
         return None
+    stalled = (exec_ns > STALL_FACTOR * base) & (exec_ns - base >= STALL_MIN_MS * 1e6)
+    return b_start, b_end, size, exec_ns, base, stalled
+
+
+def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray, span_s: float | None = None
+               ) -> StallFit | None:
+    """The stalls in a trace's requests (each request's COMPUTE_START and COMPUTE_END;
+    the requests of a batch share both) over `span_s` seconds (None: from the first
+    batch's start to the last one's end). None when no batch size ran often enough to
+    have a usual time."""
+    read = _stalled_batches(start_ns, end_ns)
+    if read is None:
+        return None
+    b_start, b_end, size, exec_ns, base, stalled = read
     excess = exec_ns - base
-    stalled = (exec_ns > STALL_FACTOR * base) & (excess >= STALL_MIN_MS * 1e6)
     clean_ns = np.where(stalled, base, exec_ns)
     busy_s = float(clean_ns.sum()) / 1e9
     lengths = np.sort(excess[stalled]) / 1e6
@@ -118,7 +131,6 @@ def fit_stalls(start_ns: np.ndarray, end_ns: np.ndarray, span_s: float | None = 
 # and −30% with the batches drawn one by one).
 SERIES_BLOCK = 50
 MAX_SERIES = 100_000  # batches kept (every k-th beyond)
-MAX_MULTIPLIER = 1000.0  # [model] multipliers' range
 
 
 def speed_series(start_ns: np.ndarray, end_ns: np.ndarray, clean: bool) -> np.ndarray:
@@ -127,14 +139,11 @@ def speed_series(start_ns: np.ndarray, end_ns: np.ndarray, clean: bool) -> np.nd
     drawn in runs of SERIES_BLOCK. `clean`: a stalled batch counts at its size's usual
     time, as where the stalls are simulated apart (`fit_stalls`). Empty when no size
     ran MIN_SIZE_BATCHES times."""
-    b_start, b_end, size = batches_of(np.asarray(start_ns, np.int64),
-                                      np.asarray(end_ns, np.int64))
-    exec_ns = (b_end - b_start).astype(np.float64)
-    base = usual_ns(size, exec_ns)
-    if not base.size:
+    read = _stalled_batches(start_ns, end_ns)
+    if read is None:
         return np.zeros(0)
+    _, _, size, exec_ns, base, stalled = read
     if clean:
-        stalled = (exec_ns > STALL_FACTOR * base) & (exec_ns - base >= STALL_MIN_MS * 1e6)
         exec_ns = np.where(stalled, base, exec_ns)
     mean = (np.bincount(size, weights=exec_ns) / np.maximum(np.bincount(size), 1))[size]
     out: np.ndarray = np.clip(np.divide(exec_ns, mean, out=np.ones_like(exec_ns),
