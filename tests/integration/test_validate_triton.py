@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from servelab.errors import StoreError
+from servelab.measure.loadgen import MALFORMED_HEAD
 from tests.services import (
     QUIET_OTHERS,
     QUIET_STEAL,
@@ -138,6 +139,17 @@ def test_validate_against_a_real_triton(tmp_path):
     judged_on_quiet_runs(run, fidelity_misses)
 
 
+def assert_only_tritons_malformed_heads(step: dict) -> None:
+    """No request failed, but for the odd answer whose head Triton's HTTP server broke
+    (a `Content-Length` line sent without its name: 1 in about 16,000 answers at 400/s
+    with its trace on, reproduced 2026-12-06; loadgen.MALFORMED_HEAD), which the client
+    counts as an error with that reason, as a strict client refuses it: at most one in
+    a thousand."""
+    reasons = step.get("errors_by_reason") or {}
+    assert set(reasons) <= {MALFORMED_HEAD}, reasons
+    assert step["errors"] <= step["requests"] / 1000, reasons
+
+
 def check_report(report: dict, out: Path) -> None:
     assert report["policy_source"] == "the server's config"
     fitted = (out / "scenario.toml").read_text()
@@ -152,7 +164,7 @@ def check_report(report: dict, out: Path) -> None:
     figures = ("mean_batch", "p50_ms", "p99_ms", "queue_ms", "compute_ms")
     for r in report["rates"]:
         c = r["compare"]
-        assert r["measured"]["errors"] == 0, r["measured"].get("errors_by_reason")
+        assert_only_tritons_malformed_heads(r["measured"])
         g = r["given_measured_compute"]
         print(r["rate_per_s"], "whole:", {k: c[k]["error"] for k in figures},
               "given the run's batch times:", {k: g["compare"][k]["error"] for k in figures},

@@ -150,6 +150,16 @@ class _AnswerTooLargeError(Exception):
     pass
 
 
+MALFORMED_HEAD = "malformed HTTP answer (a header line without a name)"
+
+
+class _MalformedAnswerError(Exception):
+    """An answer whose head breaks HTTP/1.1: its body's length cannot be trusted, so the
+    connection is closed (as h11 or any strict client would). Triton 2.51's HTTP server
+    (libevhtp) sent one such head in about 16,000 answers at 400/s with its trace on
+    (2026-12-06): `Content-Length`'s name was missing, the line read `: 184`."""
+
+
 async def _read_response(reader: asyncio.StreamReader) -> int:
     """The answer's status; its body read (at most MAX_ANSWER_BYTES, Content-Length or
     chunked) and, for a 200, checked to be a v2 answer (a JSON object with outputs)."""
@@ -157,7 +167,9 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ", 2)[1])
     length, chunked = 0, False
-    for line in lines[1:]:
+    for line in lines[1:-2]:  # the head ends in an empty line
+        if b":" not in line or not line.split(b":", 1)[0].strip():
+            raise _MalformedAnswerError
         key = line[:18].lower()
         if key.startswith(b"content-length:"):
             length = int(line[15:])
@@ -185,7 +197,7 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _TRANSPORT = (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-              ValueError, IndexError, _AnswerTooLargeError)
+              ValueError, IndexError, _AnswerTooLargeError, _MalformedAnswerError)
 
 
 async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
@@ -200,7 +212,8 @@ async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
     except _TRANSPORT as exc:
         kind = ("timeout" if isinstance(exc, asyncio.TimeoutError) else
                 f"answer over {MAX_ANSWER_BYTES:,} bytes"
-                if isinstance(exc, _AnswerTooLargeError) else type(exc).__name__)
+                if isinstance(exc, _AnswerTooLargeError) else MALFORMED_HEAD
+                if isinstance(exc, _MalformedAnswerError) else type(exc).__name__)
         errors[kind] = errors.get(kind, 0) + 1
         if conn is not None:
             conn[1].close()
