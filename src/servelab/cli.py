@@ -325,6 +325,7 @@ OverlapOpt = Annotated[float | None, option("llm.overlap")]
 ArLatOpt = Annotated[float | None, option("llm.allreduce_latency_us")]
 NcclLatOpt = Annotated[float | None, option("llm.nccl_allreduce_latency_us")]
 FrontOpt = Annotated[float | None, option("llm.frontend_ms")]
+IntakeOpt = Annotated[float | None, option("llm.intake_ms")]
 ReplicaTpOpt = Annotated[int | None, option("llm.tp", help="GPUs per replica "
                                                      "(tensor-parallel size).")]
 ReplicasOpt = Annotated[int | None, option("llm.replicas")]
@@ -366,6 +367,7 @@ def llm_simulate(
     per_seq_ms: PerSeqOpt = None, overlap: OverlapOpt = None,
     allreduce_latency_us: ArLatOpt = None,
     nccl_allreduce_latency_us: NcclLatOpt = None, frontend_ms: FrontOpt = None,
+    intake_ms: IntakeOpt = None,
     step_profile: StepProfileOpt = None, num_gpu_blocks_override: BlocksOverrideOpt = None,
     seed: LlmSeedOpt = 0, save_result: SaveResultOpt = None, goodput: GoodputOpt = None,
     as_json: JsonOpt = False,

@@ -811,6 +811,11 @@ class LlmPool:
                                      "outside the steps (HTTP, tokenizing), added to TTFT and "
                                      "end-to-end latency.", unit="ms",
                                      flags=("--frontend-ms",))
+    intake_ms: float | None = spec(None, _opt(_num(0, 1000)), "Time the API server's one "
+                                   "event loop takes each request before the engine sees "
+                                   "it; requests that come while it is busy wait (a burst "
+                                   "of N waits N times this).", unit="ms",
+                                   flags=("--intake-ms",))
 
     @property
     def tensor_parallel(self) -> int:

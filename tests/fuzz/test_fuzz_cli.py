@@ -154,7 +154,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--max-concurrency", "--lengths", "--num-gpu-blocks-override",
                           "--scheduler", "--prefill-first-overhead-ms", "--per-seq-ms",
                           "--overlap", "--allreduce-latency-us",
-                          "--nccl-allreduce-latency-us", "--frontend-ms",
+                          "--nccl-allreduce-latency-us", "--frontend-ms", "--intake-ms",
                           "--burstiness", "--goodput", "--quantization"],
     # --url is not fuzzed (a load generator goes where it is told: loopback only here)
     ("llm", "load"): ["--request-rate", "--burstiness", "--max-concurrency", "--num-prompts",

@@ -23,14 +23,14 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # 4/s case worse (+36..+43%), so it is not the all-reduce's size; what else slows this
     # deployment's prefill is not known from one source.
     ("vllm-70b-a100pcie-tp4-r4", "ttft_p50_ms"): 0.25,
-    # vLLM 0.6.0's 320-prompt burst on two A100s: the gain of tp 2 over tp 1 holds
-    # (+7.7%) but both bursts ran slower than the model (tp 1 +14%, tp 2 +23%), as the
-    # H100 ones did less (+11%, +10%); why, these result files do not say.
-    ("vllm060-8b-a100-tp2-burst", "output_tokens_per_s"): 0.25,
-    # The same burst at tp 4 on four A100s, added 2026-12-06 after the fit: the gain over
-    # tp 1 holds (+6.3%), the throughput itself misses with the others on A100 (+21%);
-    # at tp 8 it holds (-2.0%), and on four H100s too (-1.7%).
-    ("vllm060-8b-a100-tp4-burst", "output_tokens_per_s"): 0.25,
+    # vLLM 0.6.0's 320-prompt burst at tp 8 on eight A100s: the throughput holds (-10.5%)
+    # but the gain over tp 1 is 18% short. The model's all-reduce grows with the group as
+    # a ring (88.5 us a whole one at tp 8, 12.6 at tp 2), where vLLM's own kernel's small
+    # latency hardly grows (13.0-14.0 us at 2-8 A100s, sgl-project/sglang pull request
+    # 2688); yet a latency flat in tp fitted the published runs worse (docs/llm.md). Since
+    # the API server's intake (2026-12-06) puts the same 1 s start in both runs, the gain
+    # reads 3.6 points lower than before (-14.0%).
+    ("vllm060-8b-a100-tp8-burst", "output_tokens_per_s_gain"): 0.20,
 }
 
 
@@ -121,7 +121,8 @@ def test_llm_fit_predicts_a_held_out_published_rate_from_the_others():
     by_id = {c.id: c for c in cases()}
     runs = [to_run(by_id[i]) for i in ("sglang-8b-a100-r4", "sglang-8b-a100-inf")]
     start = StepParams(compute_efficiency=0.7, memory_efficiency=0.8,
-                       prefill_first_overhead_ms=0.5, per_seq_ms=0.0, frontend_ms=0.0)
+                       prefill_first_overhead_ms=0.5, per_seq_ms=0.0, frontend_ms=0.0,
+                       intake_ms=0.0)
     res = fit(runs, start, max_evals=80)
     held = to_run(by_id["sglang-8b-a100-r8"])
     pred = predict(held, res.params)

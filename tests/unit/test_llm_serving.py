@@ -19,6 +19,7 @@ from servelab.llm.serving import (
     StepModel,
     StepParams,
     Workload,
+    intake_times,
     lognormal_lengths,
     serve_llm,
     simulate_serving,
@@ -842,3 +843,44 @@ def test_a_profile_fit_is_the_best_with_every_term_at_least_zero(seed):
             if (c >= 0).all():
                 assert got <= float(np.sum((x[:, sub] @ c - y) ** 2 * w ** 2)) * (1 + 1e-9) \
                     + 1e-12
+
+
+# -- the API server's intake: one event loop takes every request before the engine ----
+
+
+def test_a_burst_reaches_the_engine_together_once_the_loop_took_all_of_it():
+    # three at once, then one 10 ms later (after the loop is free), then two 1 ms apart
+    got = intake_times(np.array([0.0, 0.0, 0.0, 0.010, 0.020, 0.021]), 0.002)
+    assert got == pytest.approx([0.006, 0.006, 0.006, 0.012, 0.024, 0.024])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=200),
+       st.floats(1e-6, 0.05))
+def test_intake_never_hands_a_request_on_before_its_cost_and_keeps_the_order(arrivals, cost):
+    a = np.sort(np.array(arrivals))
+    got = intake_times(a, cost)
+    assert (got >= a + cost - 1e-12).all()
+    assert (np.diff(got) >= 0).all()
+    # the loop does no more than take each request once: the last leaves by then
+    assert got[-1] <= max(a[-1], a[0]) + cost * a.size + 1e-9
+    spaced = np.diff(a) > cost
+    if spaced.all():  # requests further apart than the cost wait for nobody
+        assert got == pytest.approx(a + cost)
+
+
+def test_a_burst_of_320_waits_for_the_intake_and_its_throughput_falls():
+    """The modelled start of vLLM 0.6.0's 320-prompt bursts (docs/llm.md): every request
+    waits 320 x intake before the engine sees it; a Poisson load seconds apart does not."""
+    spec = _spec("llama-3.1-8b", 1)
+    burst = Workload(request_rate=1e6, num_requests=320, prompt_tokens=256,
+                     output_tokens=64, seed=0)
+    off = serve_llm(spec, burst, step_params=StepParams(intake_ms=0.0))
+    on = serve_llm(spec, burst, step_params=StepParams(intake_ms=3.0))
+    assert on.ttft_ms["p50"] - off.ttft_ms["p50"] == pytest.approx(320 * 3.0, rel=0.02)
+    assert on.output_tokens_per_s < off.output_tokens_per_s
+    slow = Workload(request_rate=2.0, num_requests=200, prompt_tokens=256,
+                    output_tokens=64, seed=0)
+    a = serve_llm(spec, slow, step_params=StepParams(intake_ms=0.0, frontend_ms=10.0))
+    b = serve_llm(spec, slow, step_params=StepParams(intake_ms=3.0, frontend_ms=7.0))
+    assert b.ttft_ms["p50"] == pytest.approx(a.ttft_ms["p50"], abs=0.5)  # the same 10 ms

@@ -42,8 +42,10 @@ Step time (``StepModel``), per GPU of a tensor-parallel group:
   link efficiency)), not overlapped with compute: a ring all-reduce's 2 (tp - 1) steps.
   The latency of a step is vLLM's own all-reduce kernel's, or NCCL's where vLLM falls
   back to it (more than two PCIe-only GPUs).
-  Each request also spends `frontend_ms` outside the steps (HTTP, tokenizing), added to
-  its TTFT and end-to-end latency. The constants (``StepParams``) are fitted to published
+  Each request also spends `frontend_ms` outside the steps (HTTP out, the first
+  detokenize) and `intake_ms` in the API server's one loop, which queues (a burst waits
+  for the loop to take all of it: intake_times), added to its TTFT and end-to-end
+  latency. The constants (``StepParams``) are fitted to published
   vLLM and SGLang runs (llm/published.py, bench/fit_published_llm.py); `llm fit` fits
   them to a user's own.
 Or a measured step profile (``ProfileStepModel``): step_ms fitted to prefill tokens,
@@ -124,7 +126,13 @@ ALLREDUCE_LATENCY_US = 6.318
 NCCL_ALLREDUCE_LATENCY_US = 24.5
 # a GPU-to-GPU link below this (GB/s, one direction) is PCIe: NVLink starts at 150
 PCIE_MAX_GBPS = 100.0
-FRONTEND_MS = 10.95  # a request outside the steps: HTTP, tokenizing, the first detokenize
+# A request outside the steps: 10.95 ms in all as fitted (2026-12-01), of which the API
+# server's intake (INTAKE_MS, which queues) and the rest (HTTP out, the first detokenize).
+# INTAKE_MS: vLLM 0.6.0's first token of a 320-prompt burst came 1.05 s after the send on
+# one H100 (LambdaLabsML/vllm-benchmark results/prompt_320, the tp 1 run, a "fit" case),
+# every request at once: about 1.0 s to take 320 requests, a first prefill step after.
+INTAKE_MS = 3.1
+FRONTEND_MS = 10.95 - INTAKE_MS
 Z99 = 2.3263478740408408
 
 
@@ -154,6 +162,12 @@ class StepParams:
     # detokenizing. Added to each request's TTFT and end-to-end latency (`llm validate`
     # measures the same on a live server).
     frontend_ms: float = FRONTEND_MS
+    # The API server's intake: one event loop takes each arriving request (HTTP,
+    # tokenizing) for this long, and the requests it took while busy reach the engine
+    # together when it is next free (intake_times). Added to TTFT and end-to-end latency
+    # beside frontend_ms; 0: none (open loops only: a closed loop's few clients never
+    # wait on it).
+    intake_ms: float = INTAKE_MS
 
     @property
     def kv_read_efficiency(self) -> float:
@@ -176,10 +190,32 @@ class StepParams:
                                 ("--nccl-allreduce-latency-us",
                                  self.nccl_allreduce_latency_us, 0.0, 1e5),
                                 ("--link-efficiency", self.link_efficiency, 1e-3, 1.0),
-                                ("--frontend-ms", self.frontend_ms, 0.0, 60_000.0)):
+                                ("--frontend-ms", self.frontend_ms, 0.0, 60_000.0),
+                                ("--intake-ms", self.intake_ms, 0.0, 1000.0)):
             if math.isnan(v) or not lo <= v <= hi:
                 raise invalid(name, v, f"a number from {lo:g} to {hi:g}",
                               f"give {name} within that range")
+
+
+def intake_times(arrival_s: np.ndarray, cost_s: float) -> np.ndarray:
+    """When each request reaches the engine through an API server's one event loop: the
+    loop takes requests in arrival order, `cost_s` each (HTTP, tokenizing), and every
+    request it took while busy goes on when it is next free, at the end of that busy
+    stretch (each handler runs to its first wait before the engine's task gets a turn).
+    Requests seconds apart go on `cost_s` after they came; a burst of N at once goes on
+    together, N * cost_s later: vLLM 0.6.0's first tokens of a 320-prompt burst came 1.0
+    s after the send on H100 hosts and 1.9-2.4 s on A100 hosts, all at once (docs/llm.md)."""
+    out = np.empty_like(arrival_s, dtype=np.float64)
+    n, i = arrival_s.size, 0
+    while i < n:
+        t = float(arrival_s[i]) + cost_s
+        j = i + 1
+        while j < n and arrival_s[j] <= t:
+            t = max(t, float(arrival_s[j])) + cost_s
+            j += 1
+        out[i:j] = t
+        i = j
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -994,13 +1030,15 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     engine = (llama_cpp_config(spec.max_num_seqs, spec.context_tokens,
                                spec.max_num_batched_tokens) if llama_cpp else cfg)
     req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
+    intake = params.intake_ms > 0 and not workload.max_concurrency
     which = np.random.default_rng(workload.seed + 1).integers(0, replicas, req.arrival_s.size)
     parts = []
     for r in range(replicas):
         sel = which == r
         if sel.any():
-            sub = Requests(req.arrival_s[sel], req.prompt[sel], req.output[sel],
-                           req.prefix_hit[sel])
+            arrive = req.arrival_s[sel]  # each replica its own API server
+            sub = Requests(intake_times(arrive, params.intake_ms / 1e3) if intake else arrive,
+                           req.prompt[sel], req.output[sel], req.prefix_hit[sel])
             parts.append((sel, simulate(sub, engine, model, workload.max_concurrency)))
     n = req.arrival_s.size
     sent = req.arrival_s.astype(np.float64)
@@ -1010,9 +1048,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     busy = end = run_sum = 0.0
     steps = 0
     for sel, res in parts:
-        ttft[sel], tpot[sel], e2e[sel] = (res.ttft_s + frontend_s, res.tpot_s,
-                                          res.e2e_s + frontend_s)
-        sent[sel] = res.sent_s
+        held = res.sent_s - req.arrival_s[sel] if intake else 0.0  # the intake's hold
+        ttft[sel], tpot[sel], e2e[sel] = (res.ttft_s + frontend_s + held, res.tpot_s,
+                                          res.e2e_s + frontend_s + held)
+        sent[sel] = res.sent_s - held
         rejected[sel] = res.rejected
         pre += int(res.preemptions.sum())
         busy += res.busy_s
@@ -1053,6 +1092,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
             notes.append(f"mixture of experts: FLOPs count the "
                          f"{spec.model.active_parameters / 1e9:.1f}B active parameters, "
                          f"memory reads all {spec.model.num_parameters / 1e9:.1f}B")
+    if intake:
+        notes.append(f"the API server takes each request for {params.intake_ms:g} ms on one "
+                     "event loop before the engine sees it; requests that come while it is "
+                     "busy wait and go on together (N at once: N x that)")
     if spec.defaults:
         notes.append(f"vLLM V1's defaults for {spec.gpu.key} (vllm serve): "
                      + ", ".join(spec.defaults))

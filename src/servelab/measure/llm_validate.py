@@ -319,7 +319,8 @@ class Profile:
         return f"""# Fitted by `servelab llm validate` against {endpoint} ({limits.rule} rule).
 # Step times come from steps.csv (fitted as validate fitted them) and the KV pool from
 # num_gpu_blocks_override; [llm] model and the GPU only name the deployment;
-# frontend_ms is the time a request spent outside the steps (added to TTFT and E2EL);
+# frontend_ms is the time a request spent outside the steps (added to TTFT and E2EL;
+# measured whole, so no intake_ms beside it);
 # after_prefill_ms the more the first decode steps after a prompt took.
 name = "fitted"
 description = "llm validate's fit of {endpoint}"
@@ -335,6 +336,7 @@ max_num_batched_tokens = {limits.max_num_batched_tokens}
 enable_chunked_prefill = true
 enable_prefix_caching = false
 frontend_ms = {self.overhead_ms:.6g}
+intake_ms = 0
 after_prefill_ms = [{", ".join(f"{x:.6g}" for x in self.after_prefill_ms)}]
 request_rate = {rate:.6g}
 num_requests = 1000
