@@ -53,13 +53,30 @@ def pytriton_env(py: str) -> dict[str, str]:
     return {**os.environ, "LD_LIBRARY_PATH": libdir}
 
 
+def still_answers(port: int) -> bool:
+    """Whether Triton answers one inference within 10 s."""
+    from servelab.measure.client import fetch
+    from servelab.measure.load import metadata, parse_url, random_bodies
+
+    try:
+        t = parse_url(f"http://127.0.0.1:{port}", "sleep")
+        body = random_bodies(metadata(t), 1, 0)[0]
+        assert isinstance(body, bytes)
+        return fetch("POST", f"{t.base}/v2/models/sleep/infer", body=body,
+                     timeout_s=10.0).status == 200
+    except StoreError:
+        return False
+
+
 def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: str,
                        timeout_s: float = 600, before_stop: Callable[[], object] | None = None
                        ) -> subprocess.CompletedProcess[str]:
-    """Start PyTriton's Triton (once more if its own start fails on a loaded machine, or
-    if it exits while the command runs: a CI run of 2026-12-06 had it refuse connections
-    in the middle of a validate run's profile), run the servelab command argv_for(port)
-    against it, call `before_stop` while it still runs, stop it."""
+    """Start PyTriton's Triton (once more if its own start fails on a loaded machine, if
+    it exits while the command runs, or if it stops answering: a CI run of 2026-12-06 had
+    it refuse connections in the middle of a validate run's profile, and a clean-clone run
+    the same day had it answer 640 requests of a 400/s run and none after, its trace
+    stopped too), run the servelab command argv_for(port) against it, call `before_stop`
+    while it still runs, stop it."""
     env = pytriton_env(py)
     for attempt in range(2):
         port = free_port_run(3)  # HTTP, GRPC, metrics
@@ -72,6 +89,9 @@ def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: st
                 if proc.poll() is not None:  # the server, not the command, failed
                     raise StoreError(f"the server exited (code {proc.returncode}) while "
                                      f"the command ran; it said: {done.stderr[-600:]}")
+                if not still_answers(port):
+                    raise StoreError("the server stopped answering inferences while the "
+                                     f"command ran; it said: {done.stderr[-600:]}")
                 if before_stop is not None:
                     before_stop()
                 return done
