@@ -23,14 +23,6 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # 4/s case worse (+36..+43%), so it is not the all-reduce's size; what else slows this
     # deployment's prefill is not known from one source.
     ("vllm-70b-a100pcie-tp4-r4", "ttft_p50_ms"): 0.25,
-    # vLLM 0.6.0's 320-prompt burst at tp 8 on eight A100s: the throughput holds (-10.5%)
-    # but the gain over tp 1 is 18% short. The model's all-reduce grows with the group as
-    # a ring (88.5 us a whole one at tp 8, 12.6 at tp 2), where vLLM's own kernel's small
-    # latency hardly grows (13.0-14.0 us at 2-8 A100s, sgl-project/sglang pull request
-    # 2688); yet a latency flat in tp fitted the published runs worse (docs/llm.md). Since
-    # the API server's intake (2026-12-06) puts the same 1 s start in both runs, the gain
-    # reads 3.6 points lower than before (-14.0%).
-    ("vllm060-8b-a100-tp8-burst", "output_tokens_per_s_gain"): 0.20,
 }
 
 

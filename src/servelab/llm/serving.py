@@ -111,8 +111,10 @@ OVERLAP = math.inf
 # the bytes (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
 # workstations", JPDC 2009; NCCL's and vLLM's kernels differ, the count of steps stands
 # for how the synchronisation grows with the group). The latency of one step, fitted
-# 2026-12-01 as 37.91 us a whole all-reduce at tp 4 (H100 NVLink), that over 6 steps:
-ALLREDUCE_LATENCY_US = 6.318
+# 2026-12-01 as 37.91 us a whole all-reduce at tp 4 (H100 NVLink), that over 6 steps
+# (6.318); refitted alone on the "fit" cases 2026-12-06 once the API server's intake was
+# in (bench/fit_published_llm.py --only allreduce_latency_us --max-evals 40):
+ALLREDUCE_LATENCY_US = 5.81
 # vLLM's own (custom) all-reduce kernel needs NVLink between every pair of GPUs, or at most
 # two GPUs: "Custom allreduce is disabled because it's not supported on more than two
 # PCIe-only GPUs" (vllm/distributed/device_communicators/custom_all_reduce.py), and NCCL
