@@ -83,7 +83,8 @@ class Segment:
                        a.batches + b.batches)
 
 
-def measure(t, bodies, rate: float, n: int, seed: int) -> tuple[Segment, LoadResult]:  # type: ignore[no-untyped-def]
+def measure(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float, n: int,
+            seed: int) -> tuple[Segment, LoadResult]:
     before = batch_stats(t)
     got: list[LoadResult] = []
     measure_rate(t, bodies, rate, n, seed, 256, offsets=poisson_offsets(rate, n, seed),

@@ -1058,7 +1058,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         held = res.sent_s - req.arrival_s[sel] if intake else 0.0  # the intake's hold
         ttft[sel], tpot[sel], e2e[sel] = (res.ttft_s + frontend_s + held, res.tpot_s,
                                           res.e2e_s + frontend_s + held)
-        sent[sel] = res.sent_s - held
+        sent[sel] = req.arrival_s[sel] if intake else res.sent_s  # the client's send
         rejected[sel] = res.rejected
         pre += int(res.preemptions.sum())
         busy += res.busy_s
