@@ -44,6 +44,10 @@ class Case:
     num_prompts: int
     max_concurrency: int
     lengths: tuple[np.ndarray, np.ndarray] | None
+    # the run's own mean prompt and output tokens a request, where its source gives them
+    # (its total and output tokens/s over requests/s): each draw of `lengths` is held to
+    # them (`_lengths_for`)
+    mean_lengths: tuple[float, float] | None
     prompt_tokens: int
     output_tokens: int
     measured: dict[str, float]
@@ -97,6 +101,9 @@ def cases() -> list[Case]:
             request_rate=float(c["request_rate"]), num_prompts=int(c["num_prompts"]),
             max_concurrency=int(c.get("max_concurrency", 0)),
             lengths=_lengths(c["workload"]) if "workload" in c else None,
+            mean_lengths=((float(c["mean_lengths"]["prompt"]),
+                           float(c["mean_lengths"]["output"]))
+                          if "mean_lengths" in c else None),
             prompt_tokens=int(c.get("prompt_tokens", 0)),
             output_tokens=int(c.get("output_tokens", 0)),
             measured=measured, not_modelled=dict(c.get("not_modelled", {})),
@@ -104,13 +111,34 @@ def cases() -> list[Case]:
     return out
 
 
+# A draw held to a run's stated means (Case.mean_lengths) is within this share of each,
+# taken from at most MEAN_TRIES draws of the sample (about 1 in 20 of 200-request draws
+# passes at 2%)
+MEAN_TOLERANCE = 0.02
+MEAN_TRIES = 10_000
+
+
 def _lengths_for(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The case's requests drawn from its length sample, with replacement (the benchmark
-    clients sample their dataset the same way, prompts in random order)."""
+    clients sample their dataset the same way, prompts in random order). Where the source
+    gives the run's mean prompt and output tokens a request, the draw is the first of the
+    seed's draws within MEAN_TOLERANCE of both: a run's TTFT rests on how long its
+    prompts were (a 200-request draw's mean prompt spreads by about 8%, and its TTFT
+    median with it), and those means are what is known of the prompts it sent."""
     if case.lengths is None:
         return None
-    pick = np.random.default_rng(seed).integers(0, case.lengths[0].size, case.num_prompts)
-    return case.lengths[0][pick], case.lengths[1][pick]
+    rng = np.random.default_rng(seed)
+    prompt, output = case.lengths
+    for _ in range(MEAN_TRIES if case.mean_lengths else 1):
+        pick = rng.integers(0, prompt.size, case.num_prompts)
+        p, o = prompt[pick], output[pick]
+        if case.mean_lengths is None or all(
+                abs(float(x.mean()) / m - 1) <= MEAN_TOLERANCE
+                for x, m in zip((p, o), case.mean_lengths, strict=True)):
+            return p, o
+    raise ValueError(f"case {case.id}: no draw of {case.num_prompts} requests from its "
+                     f"length sample came within {MEAN_TOLERANCE:.0%} of the run's mean "
+                     f"lengths {case.mean_lengths} in {MEAN_TRIES:,} tries")
 
 
 def to_run(case: Case, seed: int = 0) -> Run:
@@ -132,7 +160,7 @@ def to_run(case: Case, seed: int = 0) -> Run:
 # TTFT median -19% to -31% of the published one over three seeds). Below this many
 # requests the prediction is the mean over DRAWS draws of the case's own size.
 FEW_REQUESTS = 1000
-DRAWS = 8
+DRAWS = 16
 
 
 def draws(case: Case) -> int:

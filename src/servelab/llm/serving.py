@@ -118,14 +118,15 @@ ALLREDUCE_LATENCY_US = 5.81
 # vLLM's own (custom) all-reduce kernel needs NVLink between every pair of GPUs, or at most
 # two GPUs: "Custom allreduce is disabled because it's not supported on more than two
 # PCIe-only GPUs" (vllm/distributed/device_communicators/custom_all_reduce.py), and NCCL
-# does the all-reduces instead. Its latency, fitted 2026-12-03 to the one published case
-# on that path (Llama 3.3 70B, tp 4 on four A100 PCIe, ShareGPT at 1/s, the "fit" case
-# vllm-70b-a100pcie-tp4-r1 in servelab/data/published_llm.toml; bench/fit_published_llm.py
-# --only nccl_allreduce_latency_us --cases vllm-70b-a100pcie-tp4-r1: 145-147 us a whole
-# all-reduce at tp 4 from starts of 38, 147 and 250; 24.5 us a step). Fitting the link's
-# efficiency beside it put the held-out 4/s case at +36..+43%, so the bandwidth term
-# stays as it is.
-NCCL_ALLREDUCE_LATENCY_US = 24.5
+# does the all-reduces instead. Its latency is fitted to the one published case on that
+# path (Llama 3.3 70B, tp 4 on four A100 PCIe, ShareGPT at 1/s, the "fit" case
+# vllm-70b-a100pcie-tp4-r1 in servelab/data/published_llm.toml): bench/fit_published_llm.py
+# --only nccl_allreduce_latency_us --cases vllm-70b-a100pcie-tp4-r1. 24.5 us a step
+# (147 us a whole all-reduce at tp 4) on 2026-12-03; 20.91 us (125 us) since 2026-12-06,
+# when each draw of that case was first held to the run's own mean prompt and output
+# lengths and averaged over 16 draws (published.py). Fitting the link's efficiency beside
+# it put the held-out 4/s case at +36..+43%, so the bandwidth term stays as it is.
+NCCL_ALLREDUCE_LATENCY_US = 20.91
 # a GPU-to-GPU link below this (GB/s, one direction) is PCIe: NVLink starts at 150
 PCIE_MAX_GBPS = 100.0
 # A request outside the steps: 10.95 ms in all as fitted (2026-12-01), of which the API
