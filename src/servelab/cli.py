@@ -338,6 +338,7 @@ PrefixCachingOpt = Annotated[bool | None, option("llm.enable_prefix_caching")]
 PrefixTokensOpt = Annotated[int | None, option("llm.prefix_tokens")]
 PrefixShareOpt = Annotated[float | None, option("llm.prefix_hit_share")]
 BlocksOverrideOpt = Annotated[int | None, option("llm.num_gpu_blocks_override")]
+MaxModelLenOpt = Annotated[int | None, option("llm.max_model_len")]
 LlmSeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and lengths.")]
 SaveResultOpt = Annotated[Path | None, typer.Option(
     "--save-result", help="Also write the run as `vllm bench serve --save-result` "
@@ -369,6 +370,7 @@ def llm_simulate(
     nccl_allreduce_latency_us: NcclLatOpt = None, frontend_ms: FrontOpt = None,
     intake_ms: IntakeOpt = None,
     step_profile: StepProfileOpt = None, num_gpu_blocks_override: BlocksOverrideOpt = None,
+    max_model_len: MaxModelLenOpt = None,
     seed: LlmSeedOpt = 0, save_result: SaveResultOpt = None, goodput: GoodputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -405,7 +407,9 @@ def _print_llm_report(d: dict[str, Any], slo: dict[str, float]) -> None:
         t.add_row(label, *[_fmt_ms(d[key][q]) for q in ("p50", "p90", "p99", "mean")])
     stdout.print(t)
     r = d["requests"]
-    stdout.print(f"served {r['served']:,} of {r['arrived']:,} (rejected {r['rejected']:,}, "
+    stdout.print(f"served {r['served']:,} of {r['arrived']:,} (rejected {r['rejected']:,}"
+                 + (f", {r['too_long']:,} of them past --max-model-len" if r["too_long"] else "")
+                 + ", "
                  f"preempted {r['preempted']:,}); {d['output_tokens_per_s']:,.0f} output and "
                  f"{d['input_tokens_per_s']:,.0f} input tokens/s; mean running batch "
                  f"{d['mean_running']:.1f}; GPU busy {d['gpu_busy']:.0%}", highlight=False)
@@ -519,6 +523,7 @@ def llm_plan(
     ttft_p99_ms: Annotated[float | None, option("llm.ttft_p99_slo_ms")] = None,
     tpot_p99_ms: Annotated[float | None, option("llm.tpot_p99_slo_ms")] = None,
     max_replicas: Annotated[int, typer.Option(help="Largest replica count to try.")] = 256,
+    max_model_len: MaxModelLenOpt = None,
     step_profile: StepProfileOpt = None, seed: LlmSeedOpt = 0, as_json: JsonOpt = False,
 ) -> None:
     """The fewest replicas meeting p99 TTFT and TPOT SLOs, and $ per 1M tokens there."""

@@ -765,6 +765,13 @@ class LlmPool:
         None, _opt(_int(1, 100_000_000)), "KV blocks per replica as given, not sized from "
         "memory (vLLM's flag; [llm] num_gpu_blocks_override).", unit="blocks",
         flags=("--num-gpu-blocks-override",))
+    max_model_len: int = spec(
+        0, _int(0, 10_000_000), "vLLM's --max-model-len for `llm simulate` and `llm plan`: "
+        "a request whose prompt and output together pass it is refused before the engine "
+        "(vLLM's server answers 400), and a KV pool that cannot hold one such request is "
+        "an error, as at vLLM's start-up; 0: the model's own context, unchecked (vLLM's "
+        "default). `servelab kv` reads --max-model-len as --context.", unit="tokens",
+        flags=("--max-model-len",))
     # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step),
     # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone) or
     # "llama.cpp" (its server's slots and ubatches, llm/llama_cpp.py)

@@ -155,7 +155,8 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--scheduler", "--prefill-first-overhead-ms", "--per-seq-ms",
                           "--overlap", "--allreduce-latency-us",
                           "--nccl-allreduce-latency-us", "--frontend-ms", "--intake-ms",
-                          "--burstiness", "--goodput", "--quantization"],
+                          "--burstiness", "--goodput", "--quantization",
+                          "--max-model-len"],
     # --url is not fuzzed (a load generator goes where it is told: loopback only here)
     ("llm", "load"): ["--request-rate", "--burstiness", "--max-concurrency", "--num-prompts",
                       "--dataset-name", "--dataset-path", "--random-input-len",
@@ -277,7 +278,7 @@ SCENARIO_KEYS = {
             "prompt_tokens_p99",
             "enable_chunked_prefill",
             "prefix_hit_share", "step_profile_csv", "tpot_p99_slo_ms",
-            "num_gpu_blocks_override"],
+            "num_gpu_blocks_override", "max_model_len"],
     "nope": ["x"],
 }
 toml_scalars = st.one_of(

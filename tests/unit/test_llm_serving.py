@@ -3,6 +3,7 @@ whose times are known exactly, and properties over random workloads."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -322,6 +323,62 @@ def test_plan_finds_the_fewest_replicas_meeting_the_slos():
     none = plan_llm(spec, w, ttft_p99_ms=0.001, tpot_p99_ms=0.001, max_replicas=4)
     assert none.replicas is None
     assert [r["replicas"] for r in none.search] == [1, 2, 4]
+
+
+def test_max_model_len_refuses_what_vllms_server_refuses():
+    """vLLM's --max-model-len: a request whose prompt and output pass it gets HTTP 400
+    before the engine; the rest are served as without it; a length the model or the KV
+    pool cannot take stops the start, in one line naming the flag."""
+    from servelab.api import load
+    from servelab.llm.pool import pool_spec
+    from servelab.llm.serving import plan_llm
+
+    s = load("seed", {"llm.model": "llama-3.1-8b", "llm.num_gpus": 1, "llm.tp": 1,
+                      "llm.gpu": "H100-SXM"})
+    spec = pool_spec(s)
+    w = Workload(request_rate=4, num_requests=400, prompt_tokens=600, prompt_tokens_p99=3000,
+                 output_tokens=200, output_tokens_p99=800)
+    req = w.draw()
+    long_ = req.prompt + req.output > 1500
+    assert 10 < long_.sum() < 200  # the draw has some of each
+    rep = serve_llm(spec, w, max_model_len=1500)
+    r = rep.requests
+    assert r["too_long"] == r["rejected"] == int(long_.sum())
+    assert r["served"] + r["rejected"] == r["arrived"] == 400
+    ttft = rep.per_request["ttft_s"]
+    assert np.isnan(ttft[long_]).all()
+    assert np.isfinite(ttft[~long_]).all()
+    assert r["input_tokens"] == int(req.prompt[~long_].sum())
+    assert any("--max-model-len 1,500" in n and "HTTP 400" in n for n in rep.notes)
+    # 0 (the default): the model's own context, nothing refused
+    assert serve_llm(spec, w).requests["too_long"] == 0
+    with pytest.raises(InputError, match=r"--max-model-len = 200000: expected 1 to the "
+                                         r"model's context, 131,072 tokens"):
+        serve_llm(spec, w, max_model_len=200_000)
+    small = replace(spec, gpu_memory_utilization=0.3)  # the weights and a little KV
+    with pytest.raises(InputError, match=r"--max-model-len = 100000: expected at most the "
+                                         r"[\d,]+ tokens one replica's KV pool holds"):
+        serve_llm(small, w, max_model_len=100_000)
+    # a plan counts only what more replicas could serve: refused ones are refused at any size
+    plan = plan_llm(spec, w, ttft_p99_ms=2000, tpot_p99_ms=100, max_replicas=4,
+                    max_model_len=1500)
+    assert plan.replicas == 1
+
+
+def test_llm_simulate_takes_vllms_max_model_len():
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    args = ["llm", "simulate", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "1",
+            "--rate", "4", "--num-requests", "300", "--prompt-tokens", "600",
+            "--prompt-tokens-p99", "3000", "--max-model-len", "1500", "--json"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.stdout)
+    assert 0 < d["requests"]["too_long"] == d["requests"]["rejected"]
+    plain = CliRunner().invoke(app, [*args[:-3], "--json"])
+    assert json.loads(plain.stdout)["requests"]["too_long"] == 0
 
 
 # -- mixtures of experts, tensor-parallel all-reduce, a measured step profile -------------

@@ -995,13 +995,17 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               memory_efficiency: float | None = None, overhead_ms: float | None = None,
               step_profile: ProfileStepModel | None = None,
               step_params: StepParams | None = None,
-              prefill_first: bool = False, llama_cpp: bool = False) -> ServingReport:
+              prefill_first: bool = False, llama_cpp: bool = False,
+              max_model_len: int = 0) -> ServingReport:
     """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
     among them at random (a Poisson stream split at random stays Poisson). Step times
     come from the roofline, or from `step_profile` (a measured profile, fitted) when
     given: measured on one tensor-parallel group of this deployment. `llama_cpp`: each
     replica is llama.cpp's server instead (llm/llama_cpp.py), `max_num_seqs` slots of
-    `context_tokens` each, `max_num_batched_tokens` its n_batch."""
+    `context_tokens` each, `max_num_batched_tokens` its n_batch. `max_model_len` (vLLM's
+    --max-model-len; 0: none): a request whose prompt and output pass it is refused before
+    the engine, as vLLM's server refuses it (HTTP 400), and a pool that cannot hold one
+    such request is an error, as vLLM's start-up is."""
     if not 1 <= replicas <= 10_000:
         raise invalid("--replicas", replicas, "1 to 10,000", "e.g. --replicas 2")
     if workload.max_concurrency and replicas > 1:
@@ -1022,6 +1026,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     if pool.num_blocks < 1:
         raise invalid("KV pool", 0, "at least one block", "more GPUs (--tp), a smaller "
                       "model or KV dtype, or a higher --gpu-memory-utilization")
+    check_max_model_len(max_model_len, spec, pool.num_blocks)
     model: StepModel | ProfileStepModel = step_profile or StepModel.roofline(
         spec, params, prefill_first)
     frontend_s = params.frontend_ms / 1e3
@@ -1040,9 +1045,11 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
     intake = params.intake_ms > 0 and not workload.max_concurrency
     which = np.random.default_rng(workload.seed + 1).integers(0, replicas, req.arrival_s.size)
+    too_long = ((req.prompt + req.output > max_model_len) if max_model_len
+                else np.zeros(req.arrival_s.size, bool))
     parts = []
     for r in range(replicas):
-        sel = which == r
+        sel = (which == r) & ~too_long
         if sel.any():
             arrive = req.arrival_s[sel]  # each replica its own API server
             sub = Requests(intake_times(arrive, params.intake_ms / 1e3) if intake else arrive,
@@ -1066,6 +1073,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         end = max(end, res.end_s)
         run_sum += res.running_sum
         steps += res.steps
+    no_room = rejected.copy()  # the engine's: a request no replica's pool can ever hold
+    rejected |= too_long
     served = ~rejected
     span = end - float(sent.min()) if n else 0.0
     out_tps = float(req.output[served].sum()) / span if span > 0 else 0.0
@@ -1115,8 +1124,12 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         notes.append(f"closed loop: at most {workload.max_concurrency} requests out at once, "
                      "each sent when one finishes (vllm bench serve --max-concurrency); "
                      "TTFT and latency count from the send")
-    if rejected.any():
-        notes.append(f"{int(rejected.sum())} requests could never fit one replica's KV pool "
+    if too_long.any():
+        notes.append(f"{int(too_long.sum())} requests whose prompt and output pass "
+                     f"--max-model-len {max_model_len:,} were refused before the engine, as "
+                     "vLLM's server refuses them (HTTP 400)")
+    if no_room.any():
+        notes.append(f"{int(no_room.sum())} requests could never fit one replica's KV pool "
                      f"({pool.num_blocks:,} blocks of {spec.block_size}) and were rejected")
     if pre:
         notes.append(f"{pre} preemptions (recompute): the KV pool ran out under this load")
@@ -1125,6 +1138,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         model=spec.model.key, gpu=spec.gpu.key, tp=spec.tp, replicas=replicas,
         num_blocks_per_replica=pool.num_blocks,
         requests={"arrived": n, "served": int(served.sum()), "rejected": int(rejected.sum()),
+                  "too_long": int(too_long.sum()),  # of the rejected: past --max-model-len
                   "input_tokens": int(req.prompt[served].sum()),
                   "output_tokens": int(req.output[served].sum()),
                   "preempted": int(sum(int((res.preemptions > 0).sum()) for _, res in parts))},
@@ -1143,6 +1157,24 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         per_request={"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "prompt": req.prompt,
                      "output": req.output, "duration_s": span},
     )
+
+
+def check_max_model_len(max_model_len: int, spec: PoolSpec, num_blocks: int) -> None:
+    """vLLM's start-up checks of --max-model-len: within the model's own context, and one
+    request of that length fits a replica's KV pool."""
+    if not max_model_len:
+        return
+    limit = spec.model.max_position_embeddings
+    if not 1 <= max_model_len <= limit:
+        raise invalid("--max-model-len", max_model_len, f"1 to the model's context, "
+                      f"{limit:,} tokens (vLLM refuses a longer one)",
+                      f"--max-model-len {limit}, or 0 for the model's own")
+    held = num_blocks * spec.block_size
+    if max_model_len > held:
+        raise invalid("--max-model-len", max_model_len, f"at most the {held:,} tokens one "
+                      "replica's KV pool holds (vLLM does not start: the model's max seq len "
+                      "is larger than the KV cache can store)", "a smaller --max-model-len, "
+                      "a higher --gpu-memory-utilization, or more GPUs a replica (--tp)")
 
 
 def _step_model_dict(model: StepModel | ProfileStepModel) -> dict[str, Any]:
@@ -1193,7 +1225,8 @@ def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99
              max_replicas: int = MAX_PLAN_REPLICAS, **options: Any) -> LlmPlan:
     """The fewest replicas (each of `spec.tp` GPUs) whose p99 TTFT and p99 TPOT meet the
     SLOs with every request served: doubling, then bisection (more replicas never hurt:
-    each gets a smaller share of the same stream)."""
+    each gets a smaller share of the same stream). Requests past --max-model-len are
+    refused at any size, so they do not count against a plan (the report counts them)."""
     for name, v in (("--ttft-p99-ms", ttft_p99_ms), ("--tpot-p99-ms", tpot_p99_ms)):
         if not (math.isfinite(v) and 0 < v <= 3_600_000):
             raise invalid(name, v, "milliseconds above 0, up to an hour", f"e.g. {name} 500")
@@ -1211,7 +1244,8 @@ def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99
     def meets(r: int) -> bool:
         if r not in verdict:
             rep = tried[r] = serve_llm(spec, workload, replicas=r, **options)
-            verdict[r] = (rep.requests["rejected"] == 0 and rep.ttft_ms["p99"] <= ttft_p99_ms
+            verdict[r] = (rep.requests["rejected"] == rep.requests["too_long"]
+                          and rep.ttft_ms["p99"] <= ttft_p99_ms
                           and rep.tpot_ms["p99"] <= tpot_p99_ms)
             search.append({"replicas": r, "ttft_p99_ms": rep.ttft_ms["p99"],
                            "tpot_p99_ms": rep.tpot_ms["p99"], "meets": verdict[r],
