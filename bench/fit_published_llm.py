@@ -28,7 +28,7 @@ from servelab.llm.serving import StepParams
 def table(rows: list[Row]) -> None:
     for r in rows:
         note = "" if r.modelled else "  (not modelled)"
-        print(f"{r.case.id:26s} {r.case.use:8s} {r.figure:26s} {r.measured:9.2f} "
+        print(f"{r.case.id:26s} {r.use:8s} {r.figure:26s} {r.measured:9.2f} "
               f"{r.predicted:9.2f} {r.error * 100:+7.1f}%{note}")
 
 
@@ -69,7 +69,7 @@ def main() -> None:
     rows = compare(params)
     table(rows)
     for use in ("fit", "hold-out"):
-        sel = [abs(r.error) for r in rows if r.modelled and r.case.use == use]
+        sel = [abs(r.error) for r in rows if r.modelled and r.use == use]
         print(f"{use}: {len(sel)} figures, |error| median {np.median(sel) * 100:.1f}%, "
               f"max {max(sel) * 100:.1f}%")
 

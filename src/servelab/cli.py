@@ -339,6 +339,7 @@ PrefixTokensOpt = Annotated[int | None, option("llm.prefix_tokens")]
 PrefixShareOpt = Annotated[float | None, option("llm.prefix_hit_share")]
 BlocksOverrideOpt = Annotated[int | None, option("llm.num_gpu_blocks_override")]
 MaxModelLenOpt = Annotated[int | None, option("llm.max_model_len")]
+SchedStepsOpt = Annotated[int | None, option("llm.num_scheduler_steps")]
 LlmSeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and lengths.")]
 SaveResultOpt = Annotated[Path | None, typer.Option(
     "--save-result", help="Also write the run as `vllm bench serve --save-result` "
@@ -370,7 +371,7 @@ def llm_simulate(
     nccl_allreduce_latency_us: NcclLatOpt = None, frontend_ms: FrontOpt = None,
     intake_ms: IntakeOpt = None,
     step_profile: StepProfileOpt = None, num_gpu_blocks_override: BlocksOverrideOpt = None,
-    max_model_len: MaxModelLenOpt = None,
+    max_model_len: MaxModelLenOpt = None, num_scheduler_steps: SchedStepsOpt = None,
     seed: LlmSeedOpt = 0, save_result: SaveResultOpt = None, goodput: GoodputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -437,7 +438,7 @@ def llm_fit(
                                                help="The server's max_num_seqs.")] = None,
     max_num_batched_tokens: Annotated[int | None, option(
         "llm.max_num_batched_tokens", help="The server's max_num_batched_tokens.")] = None,
-    scheduler: SchedulerOpt = None,
+    scheduler: SchedulerOpt = None, num_scheduler_steps: SchedStepsOpt = None,
     max_evals: Annotated[int, typer.Option(help="Simulations the fit may run.")] = 300,
     out: Annotated[Path | None, typer.Option(
         help="Write the scenario with the fitted constants, for `llm simulate --scenario`.")
@@ -456,7 +457,9 @@ def llm_fit(
     if len(results) > MAX_RUNS:
         raise invalid("RESULTS", f"{len(results)} files", f"at most {MAX_RUNS} runs",
                       "fit on fewer loads")
-    runs = [run_from_vllm_result(p, spec, opts["prefill_first"]) for p in results]
+    runs = [run_from_vllm_result(p, spec, opts["prefill_first"],
+                                 num_scheduler_steps=opts["num_scheduler_steps"])
+            for p in results]
     res = fit(runs, opts["step_params"], max_evals=max_evals)
     rows: list[dict[str, Any]] = [{"run": r.label, "figure": f, "measured": v, "fitted": pred[f],
              "error": pred[f] / v - 1}
@@ -490,7 +493,7 @@ def llm_published(as_json: JsonOpt = False) -> None:
     from servelab.llm.serving import StepParams
 
     rows = compare(StepParams())
-    out: list[dict[str, Any]] = [{"case": r.case.id, "engine": r.case.engine, "use": r.case.use,
+    out: list[dict[str, Any]] = [{"case": r.case.id, "engine": r.case.engine, "use": r.use,
             "figure": r.figure, "measured": r.measured, "predicted": r.predicted,
             "error": r.error, "modelled": r.modelled,
             "why_not": r.case.not_modelled.get(r.figure), "source": r.case.source}
@@ -523,7 +526,8 @@ def llm_plan(
     ttft_p99_ms: Annotated[float | None, option("llm.ttft_p99_slo_ms")] = None,
     tpot_p99_ms: Annotated[float | None, option("llm.tpot_p99_slo_ms")] = None,
     max_replicas: Annotated[int, typer.Option(help="Largest replica count to try.")] = 256,
-    max_model_len: MaxModelLenOpt = None,
+    max_model_len: MaxModelLenOpt = None, num_scheduler_steps: SchedStepsOpt = None,
+    scheduler: SchedulerOpt = None,
     step_profile: StepProfileOpt = None, seed: LlmSeedOpt = 0, as_json: JsonOpt = False,
 ) -> None:
     """The fewest replicas meeting p99 TTFT and TPOT SLOs, and $ per 1M tokens there."""

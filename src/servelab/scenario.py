@@ -772,6 +772,11 @@ class LlmPool:
         "an error, as at vLLM's start-up; 0: the model's own context, unchecked (vLLM's "
         "default). `servelab kv` reads --max-model-len as --context.", unit="tokens",
         flags=("--max-model-len",))
+    num_scheduler_steps: int = spec(
+        1, _int(1, 1024), "vLLM 0.6's --num-scheduler-steps, with scheduler "
+        "\"prefill-first\": decodes run in groups of this many steps, prompts are "
+        "admitted and tokens sent only between groups (1: none; V1 has none).",
+        unit="steps", flags=("--num-scheduler-steps",))
     # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step),
     # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone) or
     # "llama.cpp" (its server's slots and ubatches, llm/llama_cpp.py)

@@ -156,7 +156,7 @@ COMMANDS: dict[tuple[str, ...], list[str]] = {
                           "--overlap", "--allreduce-latency-us",
                           "--nccl-allreduce-latency-us", "--frontend-ms", "--intake-ms",
                           "--burstiness", "--goodput", "--quantization",
-                          "--max-model-len"],
+                          "--max-model-len", "--num-scheduler-steps"],
     # --url is not fuzzed (a load generator goes where it is told: loopback only here)
     ("llm", "load"): ["--request-rate", "--burstiness", "--max-concurrency", "--num-prompts",
                       "--dataset-name", "--dataset-path", "--random-input-len",
@@ -278,7 +278,7 @@ SCENARIO_KEYS = {
             "prompt_tokens_p99",
             "enable_chunked_prefill",
             "prefix_hit_share", "step_profile_csv", "tpot_p99_slo_ms",
-            "num_gpu_blocks_override", "max_model_len"],
+            "num_gpu_blocks_override", "max_model_len", "num_scheduler_steps"],
     "nope": ["x"],
 }
 toml_scalars = st.one_of(

@@ -17,7 +17,15 @@ from servelab.llm.serving import StepParams
 HOLD_OUT_BOUND = 0.15  # the issue's bar: medians and saturated throughput within 15%
 # Hold-out figures that miss the bar today, with the bound they do hold and why; the
 # table in docs/llm.md shows them too. Empty means every hold-out figure meets 15%.
-KNOWN_MISSES: dict[tuple[str, str], float] = {}
+KNOWN_MISSES: dict[tuple[str, str], float] = {
+    # vLLM 0.6.0's TTFT on Llama 3.1 70B over four H100s, with multi-step scheduling
+    # modelled (2026-12-06; it was "not modelled", -73% and -75%): 17% and 24% short,
+    # while on 8B over one A100 the same model gives +0.8% and -12.9%. The measured TTFT
+    # is 7.0-7.6 TPOTs in all four runs; the model gives 7.3 and 6.5 on 8B, 6.1 and 5.6 on
+    # 70B. No constant was fitted on these figures (Case.not_fitted says why).
+    ("vllm060-70b-h100tp4-r4", "ttft_p50_ms"): 0.20,
+    ("vllm060-70b-h100tp4-r8", "ttft_p50_ms"): 0.30,
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +45,10 @@ def test_every_case_names_its_source_engine_and_use():
         assert c.figures() or c.not_modelled, c.id
         for fig in c.not_modelled:
             assert fig in c.measured, (c.id, fig)
+        for fig, why in c.not_fitted:
+            assert fig in c.measured, (c.id, fig)
+            assert why, (c.id, fig)
+            assert c.use == "fit", c.id  # a hold-out case's figures are all held out
     uses = {c.use for c in cases()}
     assert uses == {"fit", "hold-out"}
 
@@ -59,7 +71,7 @@ def test_the_sharegpt_sample_is_the_one_described():
 def test_hold_out_cases_within_fifteen_percent(rows):  # type: ignore[no-untyped-def]
     misses = []
     for r in rows:
-        if r.case.use != "hold-out" or not r.modelled:
+        if r.use != "hold-out" or not r.modelled:
             continue
         bound = KNOWN_MISSES.get((r.case.id, r.figure), HOLD_OUT_BOUND)
         if abs(r.error) > bound:
@@ -71,13 +83,13 @@ def test_hold_out_cases_within_fifteen_percent(rows):  # type: ignore[no-untyped
 def test_fit_cases_are_reproduced(rows):  # type: ignore[no-untyped-def]
     """The fit's own cases: a fit that leaves one far off is a model that cannot say it."""
     for r in rows:
-        if r.case.use == "fit" and r.modelled:
+        if r.use == "fit" and r.modelled:
             assert abs(r.error) <= HOLD_OUT_BOUND, (r.case.id, r.figure, r.error)
 
 
 def test_every_configuration_is_covered_by_a_hold_out(rows):  # type: ignore[no-untyped-def]
     held = {(r.case.model, r.case.gpu, r.case.tp) for r in rows
-            if r.case.use == "hold-out" and r.modelled}
+            if r.use == "hold-out" and r.modelled}
     assert ("llama-3.1-8b", "A100-80GB", 1) in held
     assert ("llama-3.1-70b", "H100-SXM", 4) in held
     assert ("llama-3.1-8b", "A100-40GB", 1) in held  # vLLM V1's closed loop

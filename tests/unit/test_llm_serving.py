@@ -76,6 +76,47 @@ def test_a_pool_that_forces_one_preemption_at_a_known_step():
     assert r.kv_blocks.max() <= 10
 
 
+def test_multi_step_groups_by_hand():
+    """vLLM 0.6's --num-scheduler-steps 3 with prefill-first steps, FLAT's 1 ms steps: A
+    (prompt 100, output 5) at 0, B (100, 3) at 1.5 ms. A's prefill ends at 1 (its first
+    token sent at once); a step of decodes alone at 1 starts a group of 3 (to 4), so B,
+    which came at 1.5, waits for its end and prefills 4-5. A and B decode in a group from
+    5: A's last token comes at 6, B's at 7, and with nothing left the group ends at 7,
+    when both are sent. Without groups B prefills at 2-3 and they finish at 5 and 6."""
+    r = reqs([0.0, 0.0015], [100, 100], [5, 3])
+    cfg = SchedulerConfig(num_blocks=1000, prefill_first=True, num_scheduler_steps=3)
+    got = simulate_serving(r, cfg, FLAT)
+    assert (got.ttft_s * 1e3).tolist() == pytest.approx([1.0, 3.5])
+    assert (got.e2e_s * 1e3).tolist() == pytest.approx([7.0, 5.5])
+    assert got.generated.tolist() == [5, 3]
+    assert got.steps == 7
+    plain = simulate_serving(r, replace(cfg, num_scheduler_steps=1), FLAT)
+    assert (plain.ttft_s * 1e3).tolist() == pytest.approx([1.0, 1.5])
+    assert (plain.e2e_s * 1e3).tolist() == pytest.approx([6.0, 3.5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 0.05), st.integers(1, 300), st.integers(1, 40)),
+                min_size=1, max_size=30), st.integers(1, 12), st.integers(0, 4))
+def test_multi_step_serves_every_request_whole(rows, k, conc):  # type: ignore[no-untyped-def]
+    """Any arrivals and lengths, any group size, open or closed loop: every request gets
+    all its tokens, its first before its last, and none is sent before it came."""
+    arr, p, o = (list(x) for x in zip(*rows, strict=True))
+    cfg = SchedulerConfig(num_blocks=4000, block_size=16, max_num_batched_tokens=512,
+                          prefill_first=True, num_scheduler_steps=k)
+    got = simulate_serving(reqs(arr, p, o), cfg, FLAT, max_concurrency=conc)
+    assert got.generated.tolist() == o
+    assert (got.ttft_s > 0).all()
+    assert (got.e2e_s >= got.ttft_s).all()
+
+
+def test_multi_step_needs_the_prefill_first_loop():
+    with pytest.raises(InputError, match=r"--num-scheduler-steps = 4: expected 1 with vLLM "
+                                         r"V1's scheduler"):
+        simulate_serving(reqs([0.0], [10], [2]),
+                         SchedulerConfig(num_blocks=100, num_scheduler_steps=4), FLAT)
+
+
 def test_chunked_prefill_splits_a_long_prompt():
     cfg = SchedulerConfig(num_blocks=10_000, max_num_batched_tokens=4096)
     r = simulate_serving(reqs([0.0], [10_000], [1]), cfg, FLAT)

@@ -61,7 +61,8 @@ def serving_options(s: Scenario, llm: LlmPool) -> dict[str, Any]:
             "prefix_tokens": llm.prefix_tokens, "prefix_hit_share": llm.prefix_hit_share,
             "step_profile": step_profile(s, llm), "step_params": StepParams(**given),
             "prefill_first": llm.scheduler == "prefill-first",
-            "llama_cpp": llm.scheduler == "llama.cpp", "max_model_len": llm.max_model_len}
+            "llama_cpp": llm.scheduler == "llama.cpp", "max_model_len": llm.max_model_len,
+            "num_scheduler_steps": llm.num_scheduler_steps}
 
 
 def simulate_llm(s: Scenario, *, seed: int = 0, num_requests: int | None = None,

@@ -54,6 +54,9 @@ class Case:
     not_modelled: dict[str, str]
     gain_over: str | None
     use: str  # "fit" or "hold-out"
+    num_scheduler_steps: int = 1  # vLLM 0.6's --num-scheduler-steps
+    # figures of a "fit" case the fit did not use, held like hold-outs, and why
+    not_fitted: tuple[tuple[str, str], ...] = ()
 
     def figures(self) -> list[str]:
         """The measured figures the model is compared on (not the ones it leaves out)."""
@@ -71,6 +74,13 @@ class Row:
     @property
     def error(self) -> float:
         return self.predicted / self.measured - 1
+
+    @property
+    def use(self) -> str:
+        """"fit" where the fit used this figure, else "hold-out" (a hold-out case's, or a
+        fit case's figure it left out: Case.not_fitted)."""
+        return ("hold-out" if self.case.use == "hold-out"
+                or self.figure in dict(self.case.not_fitted) else "fit")
 
 
 @cache
@@ -107,7 +117,9 @@ def cases() -> list[Case]:
             prompt_tokens=int(c.get("prompt_tokens", 0)),
             output_tokens=int(c.get("output_tokens", 0)),
             measured=measured, not_modelled=dict(c.get("not_modelled", {})),
-            gain_over=c["measured"].get("gain_over"), use=c["use"]))
+            gain_over=c["measured"].get("gain_over"), use=c["use"],
+            num_scheduler_steps=int(c.get("num_scheduler_steps", 1)),
+            not_fitted=tuple(c.get("not_fitted", {}).items())))
     return out
 
 
@@ -151,8 +163,10 @@ def to_run(case: Case, seed: int = 0) -> Run:
                  prompt_tokens=case.prompt_tokens or 512,
                  output_tokens=case.output_tokens or 256, seed=seed,
                  max_concurrency=case.max_concurrency, lengths=_lengths_for(case, seed))
-    measured = {f: case.measured[f] for f in case.figures() if f in FIT_FIGURES}
-    return Run(case.id, spec, w, case.scheduler == "prefill-first", measured)
+    measured = {f: case.measured[f] for f in case.figures()
+                if f in FIT_FIGURES and f not in dict(case.not_fitted)}
+    return Run(case.id, spec, w, case.scheduler == "prefill-first", measured,
+               case.num_scheduler_steps)
 
 
 # A published run of a few hundred requests is one draw: its medians move by several
@@ -193,10 +207,11 @@ def compare(params: StepParams, only: str | None = None, seed: int = 0) -> list[
 
     rows = []
     for c in all_cases:
-        if only and c.use != only:
-            continue
         for fig in FIGURES:
             if fig not in c.measured:
+                continue
+            if only and ("hold-out" if c.use == "hold-out" or fig in dict(c.not_fitted)
+                         else "fit") != only:
                 continue
             if fig == "output_tokens_per_s_gain":
                 base = by_id[c.gain_over or ""]

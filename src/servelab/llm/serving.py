@@ -52,9 +52,17 @@ Or a measured step profile (``ProfileStepModel``): step_ms fitted to prefill tok
 decode sequences and KV tokens read from a user's own steps.
 With ``prefill_first`` (vLLM V0 without chunked prefill, SGLang's default), a step that
 can admit a waiting prompt runs only whole new prompts; the decodes wait for it.
+With ``num_scheduler_steps`` K > 1 as well (vLLM 0.6's multi-step scheduling,
+``--num-scheduler-steps``; vllm/core/scheduler.py gives a prompt step 1 step and a decode
+step K: ``_get_num_lookahead_slots``, and ``LLMEngine._has_remaining_steps`` skips the
+scheduler until a group's steps are done): a step of decodes alone starts a group of K
+such steps, during which no prompt is admitted (arrivals wait for the group's end), and
+the tokens a group makes reach the client together at its end (its streams carry K
+tokens a chunk). A prompt step is one step, its first token sent at once. A request
+whose last token comes mid-group leaves the batch then (vLLM computes it to the group's
+end and drops the extra tokens) and is done at the group's end.
 Left out and stated: CUDA graphs' padding, speculative decoding, pipeline parallelism,
-expert-parallel all-to-all (experts are split by tensor parallelism), vLLM 0.6's
-multi-step scheduling.
+expert-parallel all-to-all (experts are split by tensor parallelism).
 
 Decode runs (how, not what): where every running request is decoding and until one of
 them finishes, a request arrives, a waiting one could be admitted or a block could run
@@ -91,6 +99,7 @@ MAX_TOKENS_PER_REQUEST = 10_000_000
 MAX_STEPS = 20_000_000
 DECODE_RUN_MIN = 2  # steps a decode run must be able to take (`simulate_serving`)
 DECODE_RUN_BACKOFF = 64  # steps at most between tries where runs keep failing
+MAX_SCHEDULER_STEPS = 1024  # vLLM 0.6's --num-scheduler-steps (8-16 in its docs)
 MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 # The roofline's constants (StepParams' defaults), fitted 2026-12-01 by
@@ -468,6 +477,9 @@ class SchedulerConfig:
     # vLLM V0 without chunked prefill and SGLang by default: a step that can admit a
     # waiting prompt runs only new prompts (whole); running decodes wait for it
     prefill_first: bool = False
+    # vLLM 0.6's --num-scheduler-steps (with prefill_first): decodes in groups of this
+    # many steps, prompts admitted and tokens sent only between groups (module docstring)
+    num_scheduler_steps: int = 1
 
     def check(self) -> None:
         for name, v, lo, hi in (("num_blocks", self.num_blocks, 1, 100_000_000),
@@ -476,13 +488,20 @@ class SchedulerConfig:
                                 ("--max-num-batched-tokens", self.max_num_batched_tokens, 1,
                                  10_000_000),
                                 ("--prefix-tokens", self.prefix_tokens, 0,
-                                 MAX_TOKENS_PER_REQUEST)):
+                                 MAX_TOKENS_PER_REQUEST),
+                                ("--num-scheduler-steps", self.num_scheduler_steps, 1,
+                                 MAX_SCHEDULER_STEPS)):
             if not lo <= v <= hi:
                 raise invalid(name, v, f"a whole number from {lo:,} to {hi:,}",
                               f"give {name} within that range")
         if not 0 <= self.prefix_hit_share <= 1:
             raise invalid("--prefix-hit-share", self.prefix_hit_share, "a share from 0 to 1",
                           "e.g. --prefix-hit-share 0.5")
+        if self.num_scheduler_steps > 1 and not self.prefill_first:
+            raise invalid("--num-scheduler-steps", self.num_scheduler_steps, "1 with vLLM "
+                          "V1's scheduler (V1 has no multi-step scheduling)",
+                          "--scheduler prefill-first (vLLM 0.6 without chunked prefill), "
+                          "or --num-scheduler-steps 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -721,6 +740,18 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
 
     retry_at = 0  # the step from which a decode run is tried again, and the wait after
     backoff = 1
+    group = cfg.num_scheduler_steps  # multi-step: decodes in groups of this many steps
+    group_left = 0  # steps left in the group under way (no prompt admitted till then)
+    group_done: list[int] = []  # finished within it: sent at the group's end
+
+    def end_group() -> None:
+        nonlocal group_left
+        group_left = 0
+        for i in group_done:
+            done[i] = t
+            sends.free(t)
+        group_done.clear()
+
     while finished < n:
         while sends.next_at() <= t:
             i = sends.take()
@@ -738,7 +769,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 break
             t = max(t, sends.next_at())
             continue
-        if running and steps >= retry_at:
+        if running and steps >= retry_at and group == 1:
             took = decode_run()
             if took >= DECODE_RUN_MIN:
                 backoff = 1
@@ -756,7 +787,8 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         budget = cfg.max_num_batched_tokens
         sched: list[tuple[int, int]] = []  # (request, new tokens)
         preempted = False
-        if cfg.prefill_first:
+        in_group = group_left > 0
+        if cfg.prefill_first and not in_group:
             budget = admit(sched, budget, whole=True)
         k = len(running) if sched else 0  # a prefill-only step leaves the decodes waiting
         while k < len(running) and budget > 0:
@@ -816,6 +848,9 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         t += dt
         busy += dt
         running_sum += len(running)
+        if group > 1:  # a step of decodes alone starts a group; a prompt step is one step
+            group_left = group_left - 1 if in_group else (
+                group - 1 if decodes == len(sched) else 0)
         for i, new in sched:
             c = computed[i] + new
             computed[i] = c
@@ -824,12 +859,17 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 if g == 1:  # a preempted request recomputes; its first token stays
                     first[i] = t
                 if g >= output[i]:
-                    done[i] = t
                     free += held[i]
                     held[i] = 0
                     running.remove(i)
                     finished += 1
-                    sends.free(t)
+                    if group_left:  # sent with the group's tokens, at its end
+                        group_done.append(i)
+                    else:
+                        done[i] = t
+                        sends.free(t)
+        if group > 1 and (not group_left or not running):
+            end_group()  # the group's last step, or nothing left to run in it
         kv_t.append(t)
         kv_b.append(pool - free)
     return serving_result(order, sends.arrival, first, done, output, preempt, rejected, gen,
@@ -996,7 +1036,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               step_profile: ProfileStepModel | None = None,
               step_params: StepParams | None = None,
               prefill_first: bool = False, llama_cpp: bool = False,
-              max_model_len: int = 0) -> ServingReport:
+              max_model_len: int = 0, num_scheduler_steps: int = 1) -> ServingReport:
     """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
     among them at random (a Poisson stream split at random stays Poisson). Step times
     come from the roofline, or from `step_profile` (a measured profile, fitted) when
@@ -1005,7 +1045,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     `context_tokens` each, `max_num_batched_tokens` its n_batch. `max_model_len` (vLLM's
     --max-model-len; 0: none): a request whose prompt and output pass it is refused before
     the engine, as vLLM's server refuses it (HTTP 400), and a pool that cannot hold one
-    such request is an error, as vLLM's start-up is."""
+    such request is an error, as vLLM's start-up is. `num_scheduler_steps` (vLLM 0.6's
+    multi-step scheduling, with `prefill_first`): decodes in groups of that many steps."""
     if not 1 <= replicas <= 10_000:
         raise invalid("--replicas", replicas, "1 to 10,000", "e.g. --replicas 2")
     if workload.max_concurrency and replicas > 1:
@@ -1036,7 +1077,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                           enable_chunked_prefill=enable_chunked_prefill,
                           enable_prefix_caching=enable_prefix_caching,
                           prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share,
-                          prefill_first=prefill_first)
+                          prefill_first=prefill_first,
+                          num_scheduler_steps=num_scheduler_steps)
     from servelab.llm.rules import llama_cpp as llama_cpp_config
     from servelab.llm.rules import simulate
 
