@@ -115,6 +115,11 @@ def test_multi_step_needs_the_prefill_first_loop():
                                          r"V1's scheduler"):
         simulate_serving(reqs([0.0], [10], [2]),
                          SchedulerConfig(num_blocks=100, num_scheduler_steps=4), FLAT)
+    spec = _spec("llama-3.1-8b", 1)
+    with pytest.raises(InputError, match=r"--num-scheduler-steps = 4: expected 1 with "
+                                         r"llama.cpp's server"):
+        serve_llm(spec, Workload(request_rate=1, num_requests=5), llama_cpp=True,
+                  num_scheduler_steps=4)
 
 
 def test_chunked_prefill_splits_a_long_prompt():

@@ -1082,6 +1082,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     from servelab.llm.rules import llama_cpp as llama_cpp_config
     from servelab.llm.rules import simulate
 
+    if llama_cpp and num_scheduler_steps != 1:
+        raise invalid("--num-scheduler-steps", num_scheduler_steps, "1 with llama.cpp's "
+                      "server (it has no multi-step scheduling)",
+                      "--scheduler prefill-first (vLLM 0.6), or --num-scheduler-steps 1")
     engine = (llama_cpp_config(spec.max_num_seqs, spec.context_tokens,
                                spec.max_num_batched_tokens) if llama_cpp else cfg)
     req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
