@@ -34,6 +34,7 @@ MAX_MS = 3_600_000.0  # one hour, for any single latency or batch time
 MAX_STALLS_PER_S = 1_000.0  # how often a server may stall, per second
 MAX_STALL_MS = 60_000.0  # one stall's length
 MAX_FRONTEND_WORKERS = 1024  # a front end's threads (Triton's HTTP default is 8)
+MAX_SCHEDULER_STEPS = 1024  # vLLM 0.6's --num-scheduler-steps (8-16 in its docs)
 MAX_TIMEOUT_US = 86_400_000_000  # one day
 MAX_CV = 100.0
 MIN_CV = 1e-3  # gamma's shape is 1/cv^2: below this it is a constant process
@@ -773,7 +774,7 @@ class LlmPool:
         "default). `servelab kv` reads --max-model-len as --context.", unit="tokens",
         flags=("--max-model-len",))
     num_scheduler_steps: int = spec(
-        1, _int(1, 1024), "vLLM 0.6's --num-scheduler-steps, with scheduler "
+        1, _int(1, MAX_SCHEDULER_STEPS), "vLLM 0.6's --num-scheduler-steps, with scheduler "
         "\"prefill-first\": decodes run in groups of this many steps, prompts are "
         "admitted and tokens sent only between groups (1: none; V1 has none).",
         unit="steps", flags=("--num-scheduler-steps",))

@@ -45,7 +45,7 @@ def test_every_case_names_its_source_engine_and_use():
         assert c.figures() or c.not_modelled, c.id
         for fig in c.not_modelled:
             assert fig in c.measured, (c.id, fig)
-        for fig, why in c.not_fitted:
+        for fig, why in c.not_fitted.items():
             assert fig in c.measured, (c.id, fig)
             assert why, (c.id, fig)
             assert c.use == "fit", c.id  # a hold-out case's figures are all held out

@@ -11,7 +11,7 @@ constants (``StepParams``) are fitted on the cases marked "fit" with ``servelab.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -56,7 +56,12 @@ class Case:
     use: str  # "fit" or "hold-out"
     num_scheduler_steps: int = 1  # vLLM 0.6's --num-scheduler-steps
     # figures of a "fit" case the fit did not use, held like hold-outs, and why
-    not_fitted: tuple[tuple[str, str], ...] = ()
+    not_fitted: dict[str, str] = field(default_factory=dict)
+
+    def use_of(self, figure: str) -> str:
+        """"fit" where the fit used this figure, else "hold-out" (a hold-out case's, or a
+        fit case's figure it left out: not_fitted)."""
+        return "hold-out" if self.use == "hold-out" or figure in self.not_fitted else "fit"
 
     def figures(self) -> list[str]:
         """The measured figures the model is compared on (not the ones it leaves out)."""
@@ -77,10 +82,8 @@ class Row:
 
     @property
     def use(self) -> str:
-        """"fit" where the fit used this figure, else "hold-out" (a hold-out case's, or a
-        fit case's figure it left out: Case.not_fitted)."""
-        return ("hold-out" if self.case.use == "hold-out"
-                or self.figure in dict(self.case.not_fitted) else "fit")
+        """The figure's use: Case.use_of."""
+        return self.case.use_of(self.figure)
 
 
 @cache
@@ -119,7 +122,7 @@ def cases() -> list[Case]:
             measured=measured, not_modelled=dict(c.get("not_modelled", {})),
             gain_over=c["measured"].get("gain_over"), use=c["use"],
             num_scheduler_steps=int(c.get("num_scheduler_steps", 1)),
-            not_fitted=tuple(c.get("not_fitted", {}).items())))
+            not_fitted=dict(c.get("not_fitted", {}))))
     return out
 
 
@@ -164,7 +167,7 @@ def to_run(case: Case, seed: int = 0) -> Run:
                  output_tokens=case.output_tokens or 256, seed=seed,
                  max_concurrency=case.max_concurrency, lengths=_lengths_for(case, seed))
     measured = {f: case.measured[f] for f in case.figures()
-                if f in FIT_FIGURES and f not in dict(case.not_fitted)}
+                if f in FIT_FIGURES and case.use_of(f) == "fit"}
     return Run(case.id, spec, w, case.scheduler == "prefill-first", measured,
                case.num_scheduler_steps)
 
@@ -210,8 +213,7 @@ def compare(params: StepParams, only: str | None = None, seed: int = 0) -> list[
         for fig in FIGURES:
             if fig not in c.measured:
                 continue
-            if only and ("hold-out" if c.use == "hold-out" or fig in dict(c.not_fitted)
-                         else "fit") != only:
+            if only and c.use_of(fig) != only:
                 continue
             if fig == "output_tokens_per_s_gain":
                 base = by_id[c.gain_over or ""]

@@ -91,6 +91,7 @@ from servelab.llm.kv import (
     weights_bytes,
 )
 from servelab.report import jsonable
+from servelab.scenario import MAX_SCHEDULER_STEPS
 from servelab.search import fewest_meeting
 
 MAX_REQUESTS = 1_000_000
@@ -99,7 +100,6 @@ MAX_TOKENS_PER_REQUEST = 10_000_000
 MAX_STEPS = 20_000_000
 DECODE_RUN_MIN = 2  # steps a decode run must be able to take (`simulate_serving`)
 DECODE_RUN_BACKOFF = 64  # steps at most between tries where runs keep failing
-MAX_SCHEDULER_STEPS = 1024  # vLLM 0.6's --num-scheduler-steps (8-16 in its docs)
 MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 # The roofline's constants (StepParams' defaults), fitted 2026-12-01 by
