@@ -93,7 +93,8 @@ def _load(params: dict[str, Any], keys: dict[str, str] = _FLAG_KEYS) -> Scenario
             if key in given and given[key] is None:
                 given[key] = "auto"
     if given.get("llm.tp") and given.get("llm.num_gpus") is None:
-        given["llm.num_gpus"] = given["llm.tp"]  # --tp alone (vLLM's -tp): one group of tp
+        # --tp alone (vLLM's -tp): one group of tp, times --pp stages where given
+        given["llm.num_gpus"] = given["llm.tp"] * (given.get("llm.pp") or 1)
     try:
         return load(params["scenario"], given)
     except InputError as exc:
@@ -241,7 +242,7 @@ KvNGpuOpt = Annotated[int | None, option("llm.num_gpus")]
 # replay's, not [llm] lengths_csv).
 _LLM_KEYS = flag_keys("llm")
 _KV_KEYS = {name: _LLM_KEYS[name] for name in (
-    "model", "kv_dtype", "weight_dtype", "context", "tp", "gpu", "num_gpus",
+    "model", "kv_dtype", "weight_dtype", "context", "tp", "pp", "gpu", "num_gpus",
     "gpu_memory_utilization", "block_size")}
 
 
@@ -249,7 +250,7 @@ _KV_KEYS = {name: _LLM_KEYS[name] for name in (
 def kv(
     ctx: typer.Context, scenario: ScenarioOpt = "seed", model: ModelOpt = None,
     kv_dtype: KvDtypeOpt = None, weight_dtype: WDtypeOpt = None, context: CtxOpt = None,
-    gpu: KvGpuOpt = None, num_gpus: KvNGpuOpt = None, tp: TpOpt = None,
+    gpu: KvGpuOpt = None, num_gpus: KvNGpuOpt = None, tp: TpOpt = None, pp: PpOpt = None,
     gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
     sessions: Annotated[int | None, typer.Option(
         help="Also answer: the longest context at which this many sessions fit.")] = None,
@@ -308,8 +309,14 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
     # files named by flags are where the user is, not beside the scenario file
     files = {name: None if params.get(name) is None else str(Path(params[name]).absolute())
              for name in ("step_profile", "lengths")}
-    s = _load({**params, "num_gpus": params["tp"], "context": None, **files}, _LLM_KEYS)
+    tp, pp = params["tp"], params.get("pp")
+    s = _load({**params, "num_gpus": tp * (pp or 1) if tp else None, "context": None,
+               **files}, _LLM_KEYS)
     llm = s.llm if s.llm is not None else LlmPool()  # a scenario without [llm]: defaults
+    if pp and not tp:  # --pp alone: the scenario's tensor-parallel group, pp stages of it
+        group = llm.tp or llm.num_gpus
+        s = s.with_overrides({"llm.tp": group, "llm.num_gpus": group * pp})
+        llm = s.llm or llm
     s = replace(s, llm=llm)
     return s, llm, pool_spec(s)
 
@@ -340,6 +347,8 @@ PrefixShareOpt = Annotated[float | None, option("llm.prefix_hit_share")]
 BlocksOverrideOpt = Annotated[int | None, option("llm.num_gpu_blocks_override")]
 MaxModelLenOpt = Annotated[int | None, option("llm.max_model_len")]
 SchedStepsOpt = Annotated[int | None, option("llm.num_scheduler_steps")]
+PpOpt = Annotated[int | None, option("llm.pp")]
+PpHopOpt = Annotated[float | None, option("llm.pp_hop_ms")]
 LlmSeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and lengths.")]
 SaveResultOpt = Annotated[Path | None, typer.Option(
     "--save-result", help="Also write the run as `vllm bench serve --save-result` "
@@ -353,7 +362,7 @@ GoodputOpt = Annotated[list[str] | None, typer.Option(
 def llm_simulate(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None, tp: ReplicaTpOpt = None,
-    replicas: ReplicasOpt = None, gpu_memory_utilization: UtilOpt = None,
+    pp: PpOpt = None, replicas: ReplicasOpt = None, gpu_memory_utilization: UtilOpt = None,
     block_size: BlockOpt = None, max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None, rate: RateOpt = None,
     num_requests: LlmNReqOpt = None, arrival: ArrivalOpt = None,
@@ -368,8 +377,8 @@ def llm_simulate(
     prefill_first_overhead_ms: PfOverheadOpt = None,
     per_seq_ms: PerSeqOpt = None, overlap: OverlapOpt = None,
     allreduce_latency_us: ArLatOpt = None,
-    nccl_allreduce_latency_us: NcclLatOpt = None, frontend_ms: FrontOpt = None,
-    intake_ms: IntakeOpt = None,
+    nccl_allreduce_latency_us: NcclLatOpt = None, pp_hop_ms: PpHopOpt = None,
+    frontend_ms: FrontOpt = None, intake_ms: IntakeOpt = None,
     step_profile: StepProfileOpt = None, num_gpu_blocks_override: BlocksOverrideOpt = None,
     max_model_len: MaxModelLenOpt = None, num_scheduler_steps: SchedStepsOpt = None,
     seed: LlmSeedOpt = 0, save_result: SaveResultOpt = None, goodput: GoodputOpt = None,
@@ -398,7 +407,9 @@ def llm_simulate(
 
 
 def _print_llm_report(d: dict[str, Any], slo: dict[str, float]) -> None:
-    t = Table(title=f"{d['model']} on {d['replicas']} x {d['tp']} {d['gpu']} "
+    t = Table(title=f"{d['model']} on {d['replicas']} x {d['tp']}"
+                    + (f" x {d['pp']} stages" if d.get("pp", 1) > 1 else "")
+                    + f" {d['gpu']} "
                     f"({d['num_blocks_per_replica']:,} KV blocks a replica)",
               title_justify="left")
     for c in ("", "p50", "p90", "p99", "mean"):
@@ -432,6 +443,8 @@ def llm_fit(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
     tp: Annotated[int | None, option("llm.tp", help="The server's tensor-parallel size.")
+                  ] = None,
+    pp: Annotated[int | None, option("llm.pp", help="The server's pipeline-parallel size.")
                   ] = None,
     gpu_memory_utilization: UtilOpt = None, block_size: BlockOpt = None,
     max_num_seqs: Annotated[int | None, option("llm.max_num_seqs",
@@ -516,7 +529,7 @@ def llm_published(as_json: JsonOpt = False) -> None:
 def llm_plan(
     scenario: ScenarioOpt = "seed", model: ModelOpt = None, kv_dtype: KvDtypeOpt = None,
     weight_dtype: WDtypeOpt = None, gpu: KvGpuOpt = None,
-    tp: ReplicaTpOpt = None, gpu_memory_utilization: UtilOpt = None,
+    tp: ReplicaTpOpt = None, pp: PpOpt = None, gpu_memory_utilization: UtilOpt = None,
     block_size: BlockOpt = None, max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
     rate: RateOpt = None, num_requests: LlmNReqOpt = None,

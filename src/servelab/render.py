@@ -126,6 +126,7 @@ def kv_tables(r: KvReport) -> Group:
     head.add_row("model", f"{m['num_layers']} layers, {heads}{attn}; "
                  f"{m['num_parameters'] / 1e9:.2f}B parameters")
     head.add_row("deployment", f"{dep['num_gpus']} x {dep['gpu']}, tp {dep['tp']} "
+                 + (f"x pp {dep['pp']} " if dep.get("pp", 1) > 1 else "") +
                  f"({dep['replicas']} replica(s)), KV {dep['kv_dtype']}, weights "
                  f"{dep['weight_dtype']}, gpu_memory_utilization {dep['gpu_memory_utilization']}")
     head.add_row("KV per token", f"{kv['bytes_per_token']:,.0f} bytes "

@@ -35,6 +35,7 @@ MAX_STALLS_PER_S = 1_000.0  # how often a server may stall, per second
 MAX_STALL_MS = 60_000.0  # one stall's length
 MAX_FRONTEND_WORKERS = 1024  # a front end's threads (Triton's HTTP default is 8)
 MAX_SCHEDULER_STEPS = 1024  # vLLM 0.6's --num-scheduler-steps (8-16 in its docs)
+MAX_PIPELINE_STAGES = 64  # vLLM's --pipeline-parallel-size (at most the model's layers)
 MAX_TIMEOUT_US = 86_400_000_000  # one day
 MAX_CV = 100.0
 MIN_CV = 1e-3  # gamma's shape is 1/cv^2: below this it is a constant process
@@ -676,6 +677,9 @@ class LlmPool:
     tp: int = spec(0, _int(0, 1024), "Tensor-parallel size.",
                    flags=("--tp", "--tensor-parallel-size", "-tp"),
                    control=Control(_POOL, "Tensor parallel (0: all GPUs)", 0, 16, 1))
+    pp: int = spec(1, _int(1, MAX_PIPELINE_STAGES), "Pipeline-parallel size: the layers in "
+                   "this many stages, a replica tp x pp GPUs (vLLM V1's batch queue: as many "
+                   "batches in flight).", flags=("--pp", "--pipeline-parallel-size", "-pp"))
     gpu_memory_utilization: float = spec(
         0.9, _num(0, 1, strict_lo=True), "vLLM's share of each GPU (0.9).",
         flags=("--gpu-memory-utilization",),
@@ -820,6 +824,10 @@ class LlmPool:
         None, _opt(_num(0, 100_000)), "The same where vLLM all-reduces through NCCL (more "
         "than two GPUs joined only by PCIe).", unit="µs",
         flags=("--nccl-allreduce-latency-us",))
+    pp_hop_ms: float | None = spec(None, _opt(_num(0, 1000)), "Fixed time of one pipeline "
+                                   "stage's send to the next (fitted: all a pass across "
+                                   "stages costs beyond the stages' own time).", unit="ms",
+                                   flags=("--pp-hop-ms",))
     frontend_ms: float | None = spec(None, _opt(_num(0, 60_000)), "Time a request spends "
                                      "outside the steps (HTTP, tokenizing), added to TTFT and "
                                      "end-to-end latency.", unit="ms",
@@ -832,7 +840,7 @@ class LlmPool:
 
     @property
     def tensor_parallel(self) -> int:
-        return self.tp or self.num_gpus
+        return self.tp or max(1, self.num_gpus // self.pp)
 
 
 @dataclass(frozen=True, slots=True)

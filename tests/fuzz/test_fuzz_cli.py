@@ -278,7 +278,8 @@ SCENARIO_KEYS = {
             "prompt_tokens_p99",
             "enable_chunked_prefill",
             "prefix_hit_share", "step_profile_csv", "tpot_p99_slo_ms",
-            "num_gpu_blocks_override", "max_model_len", "num_scheduler_steps"],
+            "num_gpu_blocks_override", "max_model_len", "num_scheduler_steps", "pp",
+            "pp_hop_ms"],
     "nope": ["x"],
 }
 toml_scalars = st.one_of(

@@ -158,3 +158,23 @@ def test_llm_simulate_takes_vllms_spellings():
     assert vllm.returncode == 0, vllm.stderr
     assert json.loads(ours.stdout) == json.loads(vllm.stdout)
     assert json.loads(vllm.stdout)["tp"] == 2
+
+
+def test_llm_simulate_takes_pipeline_parallel_stages():
+    """vLLM's --pipeline-parallel-size (or --pp): one replica of tp x pp GPUs, each stage
+    holding its share of the layers, so the pool a replica holds grows with the stages."""
+    two = run("llm", "simulate", "--tensor-parallel-size", "4", "--pipeline-parallel-size",
+              "2", "--gpu", "A100-40GB", "--model", "llama-3.1-70b", "--num-prompts", "60",
+              "--json")
+    assert two.returncode == 0, two.stderr
+    d = json.loads(two.stdout)
+    assert (d["tp"], d["pp"], d["replicas"]) == (4, 2, 1)
+    assert any("pipeline parallel: 2 stages of 4 GPUs" in n for n in d["notes"])
+    assert d["requests"]["served"] == 60
+    short = run("llm", "simulate", "--tp", "4", "--pp", "2", "--gpu", "A100-40GB",
+                "--model", "llama-3.1-70b", "--num-prompts", "60", "--json")
+    assert json.loads(short.stdout) == d
+    bad = run("llm", "simulate", "--pp", "2", "--scheduler", "prefill-first")
+    assert bad.returncode == 1
+    assert "Traceback" not in bad.stderr
+    assert "--pipeline-parallel-size = 2: expected 1 with the prefill-first" in bad.stderr

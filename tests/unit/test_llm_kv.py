@@ -168,6 +168,32 @@ def test_pool_errors_and_notes():
     assert "nothing is left for KV" in p.notes[0]
 
 
+def test_pipeline_stages_hold_their_own_layers():
+    """tp 4 x pp 2: each GPU holds an eighth of the weights and the KV of its stage's 40
+    layers for its 2 of the 8 KV heads; the pool is sized per stage (the fullest)."""
+    m = get_model("llama-3.1-70b")
+    spec = PoolSpec(model=m, gpu=get_gpu("A100-40GB"), num_gpus=8, tp=4, pp=2,
+                    weight_dtype="bf16", activation_gib=1.0, non_torch_gib=2.0)
+    pool = size_pool(spec)
+    per_token = 40 * 2 * (8 // 4) * 128 * 2  # layers x (K, V) x heads x head_dim x bf16
+    assert pool.bytes_per_token_per_gpu == per_token == 40_960
+    weights = weights_bytes(m, "bf16")
+    assert pool.per_gpu.weights_bytes == pytest.approx(weights / 8)
+    available = (pool.per_gpu.usable_bytes - weights / 8 - 1.0 * GIB - 2.0 * GIB)
+    assert pool.num_blocks == int(available // (16 * per_token))
+    assert pool.replicas == 1
+    assert pool.pp == 2
+    # 80 layers in 3 stages: the fullest (27) sets the bytes a token
+    odd = size_pool(PoolSpec(model=m, gpu=get_gpu("A100-40GB"), num_gpus=3, tp=1, pp=3))
+    assert odd.bytes_per_token_per_gpu == pytest.approx(
+        bytes_per_token_per_gpu(m, "bf16", 1) * 27 / 80)
+    with pytest.raises(InputError, match=r"times the pipeline-parallel size 2"):
+        size_pool(PoolSpec(model=m, gpu=get_gpu("A100-40GB"), num_gpus=4, tp=4, pp=2))
+    with pytest.raises(InputError, match=r"--pipeline-parallel-size = 81: expected at most "
+                                         r"the model's 80 layers"):
+        size_pool(PoolSpec(model=m, gpu=get_gpu("A100-40GB"), num_gpus=81, tp=1, pp=81))
+
+
 def test_local_config_json(tmp_path):
     cfg = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
            "hidden_size": 512, "sliding_window": 128, "vocab_size": 1000,

@@ -25,6 +25,12 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # 70B. No constant was fitted on these figures (Case.not_fitted says why).
     ("vllm060-70b-h100tp4-r4", "ttft_p50_ms"): 0.20,
     ("vllm060-70b-h100tp4-r8", "ttft_p50_ms"): 0.30,
+    # Pipeline parallel (tp 4 x pp 2 over two machines of A100 40GB), modelled 2026-12-06:
+    # the stages' send fitted at 1/s (10.33 ms, all a pass costs beyond the stages), the
+    # 4/s run held out comes out 15-17% short: its TPOT grew 46% from 1/s to 4/s, the
+    # model's 15%. Nothing else in the table runs across machines.
+    ("vllm-70b-a100-40-tp4pp2-r4", "ttft_p50_ms"): 0.20,
+    ("vllm-70b-a100-40-tp4pp2-r4", "tpot_p50_ms"): 0.20,
 }
 
 
@@ -95,6 +101,7 @@ def test_every_configuration_is_covered_by_a_hold_out(rows):  # type: ignore[no-
     assert ("llama-3.1-8b", "A100-40GB", 1) in held  # vLLM V1's closed loop
     assert ("llama-3.1-70b", "A100-PCIe", 4) in held  # through NCCL (PCIe)
     assert ("llama-3.1-8b", "A100-80GB", 2) in held  # tensor parallel 2 (NVLink)
+    assert ("llama-3.1-70b", "A100-40GB", 4) in held  # tp 4 x pipeline parallel 2
 
 
 def test_a_case_runs_as_its_source_ran_it():

@@ -95,6 +95,64 @@ def test_multi_step_groups_by_hand():
     assert (plain.e2e_s * 1e3).tolist() == pytest.approx([6.0, 3.5])
 
 
+def test_two_pipeline_stages_by_hand():
+    """--pipeline-parallel-size 2 (vLLM V1's batch queue), FLAT's times split in two
+    stages, a send from the first to the second 0.5 ms, a budget of 100 tokens. A and B
+    (prompt 100 each) come at 0. A's prefill (1 ms, 0.5 a stage) takes stage 1 at 0-0.5,
+    stage 2 at 1.0-1.5; B's is the second batch in flight: stage 1 at 0.5-1.0, stage 2
+    at 1.5-2.0. A's first token is back at 1.5, and its decode (0.5 a stage) goes at once:
+    1.5-2.0, 2.5-3.0; B's at 2.0-2.5, 3.0-3.5. So first tokens at 1.5 and 2.0 ms, last
+    at 3.0 and 3.5, in four batches."""
+    model = replace(FLAT, hop_latency_s=0.0005)
+    cfg = SchedulerConfig(num_blocks=1000, max_num_batched_tokens=100,
+                          pipeline_parallel_size=2)
+    got = simulate_serving(reqs([0.0, 0.0], [100, 100], [2, 2]), cfg, model)
+    assert (got.ttft_s * 1e3).tolist() == pytest.approx([1.5, 2.0])
+    assert (got.e2e_s * 1e3).tolist() == pytest.approx([3.0, 3.5])
+    assert got.steps == 4
+    # one stage: the same steps one after the other, A's decode sharing B's budget
+    one = simulate_serving(reqs([0.0, 0.0], [100, 100], [2, 2]),
+                           replace(cfg, pipeline_parallel_size=1), model)
+    assert one.ttft_s[0] * 1e3 == pytest.approx(1.0)
+
+
+def test_a_request_in_flight_is_not_scheduled_again():
+    """One request, two stages: each token is a whole pass (both stages and the send),
+    since V1 schedules a request only once its last batch is back."""
+    model = replace(FLAT, hop_latency_s=0.0005)
+    cfg = SchedulerConfig(num_blocks=1000, pipeline_parallel_size=2)
+    got = simulate_serving(reqs([0.0], [100], [4]), cfg, model)
+    assert got.ttft_s[0] * 1e3 == pytest.approx(1.5)  # 0.5 + 0.5 + 0.5
+    assert got.tpot_s[0] * 1e3 == pytest.approx(1.5)
+    assert got.steps == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 0.05), st.integers(1, 300), st.integers(1, 40)),
+                min_size=1, max_size=30), st.integers(1, 4), st.integers(0, 4),
+       st.sampled_from([40, 4000]))
+def test_pipeline_stages_serve_every_request_whole(rows, pp, conc, blocks):  # type: ignore[no-untyped-def]
+    """Any arrivals and lengths, 1-4 stages, open or closed loop, a pool that preempts or
+    not: every request gets all its tokens, its first before its last."""
+    arr, p, o = (list(x) for x in zip(*rows, strict=True))
+    cfg = SchedulerConfig(num_blocks=blocks, block_size=16, max_num_batched_tokens=256,
+                          pipeline_parallel_size=pp)
+    got = simulate_serving(reqs(arr, p, o), cfg, replace(FLAT, hop_latency_s=1e-4),
+                           max_concurrency=conc)
+    served = ~got.rejected
+    assert got.generated[served].tolist() == [x for x, s in zip(o, served, strict=True) if s]
+    assert (got.ttft_s[served] > 0).all()
+    assert (got.e2e_s[served] >= got.ttft_s[served]).all()
+    assert got.kv_blocks.max(initial=0) <= blocks
+
+
+def test_pipeline_parallel_needs_v1s_loop():
+    with pytest.raises(InputError, match=r"--pipeline-parallel-size = 2: expected 1 with the "
+                                         r"prefill-first scheduler"):
+        simulate_serving(reqs([0.0], [10], [2]), SchedulerConfig(
+            num_blocks=100, prefill_first=True, pipeline_parallel_size=2), FLAT)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 0.05), st.integers(1, 300), st.integers(1, 40)),
                 min_size=1, max_size=30), st.integers(1, 12), st.integers(0, 4))

@@ -75,7 +75,8 @@ def one_deployment(s: Scenario) -> Scenario:
     reading), so serving runs num_gpus / tp replicas; the returned scenario says so in
     [llm] replicas, as `llm simulate --scenario` reads it."""
     llm = llm_of(s)
-    return replace(s, llm=replace(llm, replicas=max(1, llm.num_gpus // llm.tensor_parallel)))
+    return replace(s, llm=replace(llm, replicas=max(1, llm.num_gpus // (llm.tensor_parallel
+                                                                          * llm.pp))))
 
 
 def _checked(llm: LlmPool) -> None:
@@ -145,7 +146,7 @@ def run(s: Scenario, fitted: LlmFit | None = None, preview: bool = False) -> dic
     if fitted is not None:
         report["notes"].append(f"TTFT and E2EL include {fitted.overhead_ms:.2f} ms a request "
                                "spends outside the steps, as validate measured it")
-    report["gpus"] = llm.replicas * llm.tensor_parallel
+    report["gpus"] = llm.replicas * llm.tensor_parallel * llm.pp
     report["requests_simulated"] = n_run
     report["max_num_seqs"] = spec.max_num_seqs
     report["max_num_batched_tokens"] = spec.max_num_batched_tokens

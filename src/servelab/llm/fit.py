@@ -38,7 +38,7 @@ BOUNDS = (("compute_efficiency", 0.2, 1.0), ("memory_efficiency", 0.4, 1.0),
           ("overlap", 1.0, 8.0), ("overhead_ms", 0.0, 5.0),
           ("prefill_first_overhead_ms", 0.0, 5.0), ("per_seq_ms", 0.0, 0.5),
           ("allreduce_latency_us", 0.0, 100.0), ("nccl_allreduce_latency_us", 0.0, 500.0),
-          ("frontend_ms", 0.0, 50.0))
+          ("frontend_ms", 0.0, 50.0), ("pp_hop_ms", 0.0, 50.0))
 # what `llm fit` frees by default: the overlap is a property of the kernels, held at the
 # published fit (a handful of one deployment's runs cannot tell it from the rest)
 USER_FIT = ("compute_efficiency", "memory_efficiency", "overhead_ms", "per_seq_ms",

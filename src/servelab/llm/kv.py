@@ -147,6 +147,7 @@ class PoolSpec:
     context_tokens: int = 4096
     num_gpus: int = 1
     tp: int = 1
+    pp: int = 1  # pipeline stages: a replica is tp x pp GPUs, each stage its share of layers
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_num_batched_tokens: int = 8192
@@ -203,6 +204,7 @@ class PoolReport:
     per_gpu: MemoryBreakdown
     fits: bool
     notes: tuple[str, ...] = ()
+    pp: int = 1  # pipeline stages: each GPU holds its stage's layers' weights and KV
 
 
 def runtime_total_bytes(gpu: GpuSpec, override_gib: float | None) -> float:
@@ -235,10 +237,17 @@ def blocks_per_request(model: ModelConfig, context: int, block_size: int,
 def size_pool(p: PoolSpec) -> PoolReport:
     """The KV pool of one deployment, vLLM's way; see the module docstring."""
     m = p.model
-    if p.tp < 1 or p.num_gpus % p.tp:
+    group = p.tp * p.pp
+    if p.tp < 1 or p.pp < 1 or p.num_gpus % group:
         raise invalid("--num-gpus/--tp", (p.num_gpus, p.tp),
-                      "a GPU count that is a multiple of the tensor-parallel size",
-                      f"use --num-gpus {p.tp * max(1, p.num_gpus // p.tp)} or change --tp")
+                      "a GPU count that is a multiple of the tensor-parallel size"
+                      + (f" times the pipeline-parallel size {p.pp}" if p.pp > 1 else ""),
+                      f"use --num-gpus {group * max(1, p.num_gpus // max(1, group))} or "
+                      "change --tp")
+    if p.pp > m.num_layers:
+        raise invalid("--pipeline-parallel-size", p.pp, f"at most the model's {m.num_layers} "
+                      "layers (each stage holds at least one)",
+                      f"--pipeline-parallel-size {m.num_layers} or fewer")
     if not 0 < p.gpu_memory_utilization <= 1:
         raise invalid("--gpu-memory-utilization", p.gpu_memory_utilization,
                       "a fraction in (0, 1]", "use e.g. 0.9 (vLLM's default)")
@@ -252,15 +261,18 @@ def size_pool(p: PoolSpec) -> PoolReport:
     non_torch = (p.non_torch_gib if p.non_torch_gib is not None
                  else NON_TORCH_GIB_TP1 if p.tp == 1 else NON_TORCH_GIB_TP) * GIB
     graphs = p.cudagraph_gib * GIB
-    w_rank = w_total / p.tp
+    w_rank = w_total / group
     available = usable - w_rank - act - non_torch - graphs
-    per_tok_gpu = bytes_per_token_per_gpu(m, kv_dtype, p.tp)
+    # a stage holds the KV of its own layers; vLLM gives the last stages the layers left
+    # over (get_pp_indices) and sizes every stage's pool as the fullest one's
+    stage_layers = -(-m.num_layers // p.pp)
+    per_tok_gpu = bytes_per_token_per_gpu(m, kv_dtype, p.tp) * stage_layers / m.num_layers
     block_bytes = p.block_size * per_tok_gpu
     num_blocks = (p.num_gpu_blocks_override if p.num_gpu_blocks_override is not None
                   else max(0, int(available // block_bytes)))
     per_req = blocks_per_request(m, p.context_tokens, p.block_size, p.max_num_batched_tokens)
     concurrency = num_blocks / math.ceil(per_req) if per_req else 0.0
-    replicas = p.num_gpus // p.tp
+    replicas = p.num_gpus // group
     notes = []
     if p.num_gpu_blocks_override is not None:
         notes.append(f"KV pool: {num_blocks:,} blocks as given (num_gpu_blocks_override, "
@@ -286,7 +298,8 @@ def size_pool(p: PoolSpec) -> PoolReport:
         bytes_per_token=bytes_per_token(m, kv_dtype),
         bytes_per_token_per_gpu=per_tok_gpu,
         bytes_per_session=session_bytes(m, kv_dtype, p.context_tokens),
-        bytes_per_session_per_gpu=session_bytes(m, kv_dtype, p.context_tokens, p.tp),
+        bytes_per_session_per_gpu=session_bytes(m, kv_dtype, p.context_tokens, p.tp)
+        * stage_layers / m.num_layers,
         block_size=p.block_size,
         block_bytes_per_gpu=block_bytes,
         blocks_per_session=math.ceil(per_req),
@@ -307,6 +320,7 @@ def size_pool(p: PoolSpec) -> PoolReport:
         ),
         fits=num_blocks >= math.ceil(per_req),
         notes=tuple(notes),
+        pp=p.pp,
     )
 
 

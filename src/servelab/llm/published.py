@@ -55,6 +55,7 @@ class Case:
     gain_over: str | None
     use: str  # "fit" or "hold-out"
     num_scheduler_steps: int = 1  # vLLM 0.6's --num-scheduler-steps
+    pp: int = 1  # vLLM's --pipeline-parallel-size
     # figures of a "fit" case the fit did not use, held like hold-outs, and why
     not_fitted: dict[str, str] = field(default_factory=dict)
 
@@ -122,6 +123,7 @@ def cases() -> list[Case]:
             measured=measured, not_modelled=dict(c.get("not_modelled", {})),
             gain_over=c["measured"].get("gain_over"), use=c["use"],
             num_scheduler_steps=int(c.get("num_scheduler_steps", 1)),
+            pp=int(c.get("pp", 1)),
             not_fitted=dict(c.get("not_fitted", {}))))
     return out
 
@@ -159,7 +161,8 @@ def _lengths_for(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
 def to_run(case: Case, seed: int = 0) -> Run:
     """The case as `llm fit` takes a run: its deployment, load and modelled figures."""
     spec = PoolSpec(model=get_model(case.model), gpu=get_gpu(case.gpu), tp=case.tp,
-                    num_gpus=case.tp, gpu_memory_utilization=case.gpu_memory_utilization,
+                    pp=case.pp, num_gpus=case.tp * case.pp,
+                    gpu_memory_utilization=case.gpu_memory_utilization,
                     max_num_batched_tokens=case.max_num_batched_tokens,
                     max_num_seqs=case.max_num_seqs, context_tokens=4096)
     w = Workload(request_rate=case.request_rate, num_requests=case.num_prompts,

@@ -61,8 +61,16 @@ the tokens a group makes reach the client together at its end (its streams carry
 tokens a chunk). A prompt step is one step, its first token sent at once. A request
 whose last token comes mid-group leaves the batch then (vLLM computes it to the group's
 end and drops the extra tokens) and is done at the group's end.
-Left out and stated: CUDA graphs' padding, speculative decoding, pipeline parallelism,
-expert-parallel all-to-all (experts are split by tensor parallelism).
+With ``pipeline_parallel_size`` pp > 1 (vLLM's --pipeline-parallel-size, V1's scheduler
+only): the layers are in pp stages and, as vLLM V1's ``EngineCore.step_with_batch_queue``
+does, the host schedules a batch and hands it on at once while fewer than pp are in flight;
+with pp in flight, or nothing left to schedule, it waits for the oldest batch's tokens. A
+request is in one batch at a time (the scheduler skips ``scheduled_req_ids``). A batch
+passes the stages in order, each once the batch ahead has left it: the pass's time split
+evenly (``StepModel.stages``), a send between stages. So each token of a request is a
+whole pass; more than one batch is under way only where requests came while one was.
+Left out and stated: CUDA graphs' padding, speculative decoding, expert-parallel
+all-to-all (experts are split by tensor parallelism).
 
 Decode runs (how, not what): where every running request is decoding and until one of
 them finishes, a request arrives, a waiting one could be admitted or a block could run
@@ -91,7 +99,7 @@ from servelab.llm.kv import (
     weights_bytes,
 )
 from servelab.report import jsonable
-from servelab.scenario import MAX_SCHEDULER_STEPS
+from servelab.scenario import MAX_PIPELINE_STAGES, MAX_SCHEDULER_STEPS
 from servelab.search import fewest_meeting
 
 MAX_REQUESTS = 1_000_000
@@ -136,6 +144,14 @@ ALLREDUCE_LATENCY_US = 5.81
 # lengths and averaged over 16 draws (published.py). Fitting the link's efficiency beside
 # it put the held-out 4/s case at +36..+43%, so the bandwidth term stays as it is.
 NCCL_ALLREDUCE_LATENCY_US = 20.91
+# Pipeline parallelism: the fixed cost of one stage's send to the next. Fitted alone on the
+# one published pipeline-parallel run at light load (Llama 3.3 70B, tp 4 x pp 2 over two
+# machines of A100 40GB, ShareGPT at 1/s: the "fit" case vllm-70b-a100-40-tp4pp2-r1 in
+# servelab/data/published_llm.toml; bench/fit_published_llm.py --only pp_hop_ms --cases
+# vllm-70b-a100-40-tp4pp2-r1 --max-evals 40, 2026-12-06). A send of a few hundred KB over
+# NVLink or InfiniBand takes tens of microseconds: this is all that deployment's passes cost
+# beyond the stages' own time (Ray between the machines, the network), not a link's latency.
+PP_HOP_MS = 10.33
 # a GPU-to-GPU link below this (GB/s, one direction) is PCIe: NVLink starts at 150
 PCIE_MAX_GBPS = 100.0
 # A request outside the steps: 10.95 ms in all as fitted (2026-12-01), of which the API
@@ -170,6 +186,8 @@ class StepParams:
     # the same through NCCL: more than two GPUs joined only by PCIe (`nccl_allreduce`)
     nccl_allreduce_latency_us: float = NCCL_ALLREDUCE_LATENCY_US
     link_efficiency: float = 0.7
+    # pipeline parallelism: the fixed cost of one stage's send to the next
+    pp_hop_ms: float = PP_HOP_MS
     # Outside the steps: HTTP, tokenizing, queuing for the engine loop, the first token's
     # detokenizing. Added to each request's TTFT and end-to-end latency (`llm validate`
     # measures the same on a live server).
@@ -202,6 +220,7 @@ class StepParams:
                                 ("--nccl-allreduce-latency-us",
                                  self.nccl_allreduce_latency_us, 0.0, 1e5),
                                 ("--link-efficiency", self.link_efficiency, 1e-3, 1.0),
+                                ("--pp-hop-ms", self.pp_hop_ms, 0.0, 1000.0),
                                 ("--frontend-ms", self.frontend_ms, 0.0, 60_000.0),
                                 ("--intake-ms", self.intake_ms, 0.0, 1000.0)):
             if math.isnan(v) or not lo <= v <= hi:
@@ -262,6 +281,10 @@ class StepModel:
     overlap: float = math.inf
     per_seq_s: float = 0.0  # per scheduled sequence: sampling, scheduler, detokenizing
     lm_head_flops: float = 0.0  # per sampled token (the LM head runs for those only)
+    # pipeline parallelism: what one stage sends the next (hidden state and residual) per
+    # token, and the fixed cost of a send; the bytes go over link_bytes_per_s
+    hop_bytes_per_token: float = 0.0
+    hop_latency_s: float = 0.0
 
     kind = "roofline"
 
@@ -290,6 +313,19 @@ class StepModel:
         return (self.memory_efficiency if self.kv_memory_efficiency is None
                 else self.kv_memory_efficiency)
 
+    def stages(self, step_s: float, tokens: int, seqs: int,
+               pp: int) -> tuple[float, float, float, float]:
+        """A step of `step_s` (its time as one pass, `step_s`) cut into `pp` pipeline
+        stages of equal layers: (the host's part before the GPUs, each stage's part, a
+        send from one stage to the next, the sampling after the last). The host schedules
+        (overhead) and samples (per sequence) once a step; the layers' reads, FLOPs and
+        all-reduces split evenly over the stages."""
+        host, tail = self.overhead_s, seqs * self.per_seq_s
+        hop = self.hop_latency_s + (tokens * self.hop_bytes_per_token
+                                    / (self.link_bytes_per_s * self.link_efficiency)
+                                    if self.link_bytes_per_s else 0.0)
+        return host, max(0.0, step_s - host - tail) / pp, hop, tail
+
     def allreduce_s(self, tokens: int) -> float:
         """A ring all-reduce moves 2 (tp - 1) / tp of the data through each GPU's link; each
         also pays a fixed latency. Not overlapped with compute (vLLM does not)."""
@@ -317,9 +353,11 @@ class StepModel:
              else weights_bytes(m, spec.weight_dtype))
         fp8 = spec.weight_dtype in ("fp8",) or m.checkpoint_dtype == "fp8"
         peak = (g.fp8_dense_tflops if fp8 and g.fp8_dense_tflops else g.bf16_dense_tflops)
-        if tp > 1 and not g.interconnect_gbps:
-            raise invalid("--tp", tp, f"tp 1 on {g.key}: the catalog has no GPU-to-GPU "
-                          "bandwidth for it", "set [hardware] interconnect_gbps, or --tp 1")
+        if (tp > 1 or spec.pp > 1) and not g.interconnect_gbps:
+            flag = "--tp" if tp > 1 else "--pipeline-parallel-size"
+            raise invalid(flag, tp if tp > 1 else spec.pp, f"1 on {g.key}: the catalog has "
+                          "no GPU-to-GPU bandwidth for it",
+                          f"set [hardware] interconnect_gbps, or {flag} 1")
         return cls(
             weight_bytes=w / tp,
             kv_bytes_per_token=bytes_per_token_per_gpu(m, kv_dtype, tp),
@@ -344,6 +382,9 @@ class StepModel:
             allreduce_latency_s=2 * (tp - 1) * (p.nccl_allreduce_latency_us
                                                 if nccl_allreduce(tp, g)
                                                 else p.allreduce_latency_us) / 1e6,
+            # vLLM sends the hidden state and the residual, bf16, stage to stage
+            hop_bytes_per_token=2 * 2.0 * m.hidden_size if spec.pp > 1 else 0.0,
+            hop_latency_s=p.pp_hop_ms / 1e3 if spec.pp > 1 else 0.0,
         )
 
 
@@ -393,6 +434,11 @@ class ProfileStepModel:
                decode_seqs: int = 0, seqs: int = 0) -> float:
         return self.row_ms(tokens - decode_seqs, decode_seqs, kv_tokens_read, 1,
                            tokens >= 2) / 1e3
+
+    def stages(self, step_s: float, tokens: int, seqs: int,
+               pp: int) -> tuple[float, float, float, float]:
+        """StepModel.stages for a measured step: its time split evenly, nothing apart."""
+        return 0.0, step_s / pp, 0.0, 0.0
 
     def row_ms(self, prefill: float, decodes: float, kv: float, passes: float = 1,
                multi_passes: float = 1) -> float:
@@ -480,6 +526,9 @@ class SchedulerConfig:
     # vLLM 0.6's --num-scheduler-steps (with prefill_first): decodes in groups of this
     # many steps, prompts admitted and tokens sent only between groups (module docstring)
     num_scheduler_steps: int = 1
+    # vLLM's --pipeline-parallel-size: the model's layers in this many stages, as many
+    # batches in flight at once (V1's batch queue; module docstring)
+    pipeline_parallel_size: int = 1
 
     def check(self) -> None:
         for name, v, lo, hi in (("num_blocks", self.num_blocks, 1, 100_000_000),
@@ -490,7 +539,9 @@ class SchedulerConfig:
                                 ("--prefix-tokens", self.prefix_tokens, 0,
                                  MAX_TOKENS_PER_REQUEST),
                                 ("--num-scheduler-steps", self.num_scheduler_steps, 1,
-                                 MAX_SCHEDULER_STEPS)):
+                                 MAX_SCHEDULER_STEPS),
+                                ("--pipeline-parallel-size", self.pipeline_parallel_size, 1,
+                                 MAX_PIPELINE_STAGES)):
             if not lo <= v <= hi:
                 raise invalid(name, v, f"a whole number from {lo:,} to {hi:,}",
                               f"give {name} within that range")
@@ -502,6 +553,11 @@ class SchedulerConfig:
                           "V1's scheduler (V1 has no multi-step scheduling)",
                           "--scheduler prefill-first (vLLM 0.6 without chunked prefill), "
                           "or --num-scheduler-steps 1")
+        if self.pipeline_parallel_size > 1 and self.prefill_first:
+            raise invalid("--pipeline-parallel-size", self.pipeline_parallel_size,
+                          "1 with the prefill-first scheduler (pipeline parallelism is "
+                          "modelled on vLLM V1's batch queue)",
+                          "--scheduler v1, or --pipeline-parallel-size 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -738,11 +794,42 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             held[i] = max(held[i], blocks_for(i, c))
         return most
 
+    # pipeline parallelism (vLLM V1's batch queue): up to `lanes` batches in flight, a
+    # request in at most one; each batch passes the stages in order, one at a time on each
+    lanes = cfg.pipeline_parallel_size
+    flying = [False] * n
+    in_flight: deque[tuple[float, list[tuple[int, int]]]] = deque()  # (done at, batch)
+    stage_free = [0.0] * lanes
+
     retry_at = 0  # the step from which a decode run is tried again, and the wait after
     backoff = 1
     group = cfg.num_scheduler_steps  # multi-step: decodes in groups of this many steps
     group_left = 0  # steps left in the group under way (no prompt admitted till then)
     group_done: list[int] = []  # finished within it: sent at the group's end
+
+    def land(sched: list[tuple[int, int]]) -> None:
+        """A step's new tokens in the cache, at time t: a request whose prompt and output
+        so far are all computed samples its next token; one that has all of its output
+        finishes (sent at the multi-step group's end where one is under way)."""
+        nonlocal free, finished
+        for i, new in sched:
+            flying[i] = False
+            c = computed[i] + new
+            computed[i] = c
+            if c == prompt[i] + gen[i]:
+                g = gen[i] = gen[i] + 1
+                if g == 1:  # a preempted request recomputes; its first token stays
+                    first[i] = t
+                if g >= output[i]:
+                    free += held[i]
+                    held[i] = 0
+                    running.remove(i)
+                    finished += 1
+                    if group_left:  # sent with the group's tokens, at its end
+                        group_done.append(i)
+                    else:
+                        done[i] = t
+                        sends.free(t)
 
     def end_group() -> None:
         nonlocal group_left
@@ -769,7 +856,14 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 break
             t = max(t, sends.next_at())
             continue
-        if running and steps >= retry_at and group == 1:
+        if in_flight and (len(in_flight) == lanes
+                          or (not waiting and all(flying[i] for i in running))):
+            # the queue is full, or nothing is left to schedule: wait for the oldest batch
+            at, batch = in_flight.popleft()
+            t = max(t, at)
+            land(batch)
+            continue
+        if running and steps >= retry_at and group == 1 and lanes == 1:
             took = decode_run()
             if took >= DECODE_RUN_MIN:
                 backoff = 1
@@ -793,6 +887,9 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         k = len(running) if sched else 0  # a prefill-only step leaves the decodes waiting
         while k < len(running) and budget > 0:
             i = running[k]
+            if flying[i]:  # in a batch under way: scheduled again once it is back
+                k += 1
+                continue
             c = computed[i]
             new = prompt[i] + gen[i] - c
             if new > budget:
@@ -801,7 +898,9 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             need = (0 if c + new <= (held[i] + shared[i]) * B
                     else blocks_for(i, c + new) - held[i])
             while need > free:
-                victim = running.pop()  # the most recently admitted
+                # the most recently admitted (of those not in a batch under way)
+                victim = running.pop() if lanes == 1 else running.pop(
+                    max(v for v, r in enumerate(running) if not flying[r]))
                 free += held[victim]
                 held[victim] = 0
                 computed[victim] = start_of(victim)
@@ -825,6 +924,12 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             if preempted:  # a request preempted itself; the next pass admits afresh
                 steps -= 1
                 continue
+            if in_flight:  # nothing to add: the oldest batch's tokens first
+                steps -= 1
+                at, batch = in_flight.popleft()
+                t = max(t, at)
+                land(batch)
+                continue
             if sends.next_at() < math.inf:
                 t = max(t, sends.next_at())
                 continue
@@ -845,29 +950,28 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 prefill_tok += new
         decode_tok += decodes
         dt = model.step_s(tokens, attn, kv_read, decodes, len(sched))
+        running_sum += len(running)
+        if lanes > 1:
+            # the host schedules it, then it passes the stages in order, each once the
+            # batch ahead has left it; its tokens come back when the last is done
+            host, stage, hop, tail = model.stages(dt, tokens, len(sched), lanes)
+            at = t + host
+            for j in range(lanes):
+                at = stage_free[j] = max(at + (hop if j else 0.0), stage_free[j]) + stage
+            in_flight.append((at + tail, sched))
+            for i, _ in sched:
+                flying[i] = True
+            t += host
+            busy += dt / lanes  # each GPU's share: its own stage
+            kv_t.append(t)
+            kv_b.append(pool - free)
+            continue
         t += dt
         busy += dt
-        running_sum += len(running)
         if group > 1:  # a step of decodes alone starts a group; a prompt step is one step
             group_left = group_left - 1 if in_group else (
                 group - 1 if decodes == len(sched) else 0)
-        for i, new in sched:
-            c = computed[i] + new
-            computed[i] = c
-            if c == prompt[i] + gen[i]:
-                g = gen[i] = gen[i] + 1
-                if g == 1:  # a preempted request recomputes; its first token stays
-                    first[i] = t
-                if g >= output[i]:
-                    free += held[i]
-                    held[i] = 0
-                    running.remove(i)
-                    finished += 1
-                    if group_left:  # sent with the group's tokens, at its end
-                        group_done.append(i)
-                    else:
-                        done[i] = t
-                        sends.free(t)
+        land(sched)
         if group > 1 and (not group_left or not running):
             end_group()  # the group's last step, or nothing left to run in it
         kv_t.append(t)
@@ -997,6 +1101,7 @@ class ServingReport:
     # each request's figures (seconds) and lengths, and the run's span: what
     # `--save-result` writes in vLLM's keys; not part of the report's JSON
     per_request: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    pp: int = 1  # pipeline stages of a replica (a replica is tp x pp GPUs)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -1037,7 +1142,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               step_params: StepParams | None = None,
               prefill_first: bool = False, llama_cpp: bool = False,
               max_model_len: int = 0, num_scheduler_steps: int = 1) -> ServingReport:
-    """Simulate a vLLM deployment: `replicas` groups of `spec.tp` GPUs, requests split
+    """Simulate a vLLM deployment: `replicas` groups of `spec.tp` x `spec.pp` GPUs (pp
+    pipeline stages of tp), requests split
     among them at random (a Poisson stream split at random stays Poisson). Step times
     come from the roofline, or from `step_profile` (a measured profile, fitted) when
     given: measured on one tensor-parallel group of this deployment. `llama_cpp`: each
@@ -1068,6 +1174,13 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         raise invalid("KV pool", 0, "at least one block", "more GPUs (--tp), a smaller "
                       "model or KV dtype, or a higher --gpu-memory-utilization")
     check_max_model_len(max_model_len, spec, pool.num_blocks)
+    if step_profile and spec.pp > 1:
+        raise invalid("--pipeline-parallel-size", spec.pp, "1 with a measured step profile "
+                      "(a profile's steps are whole passes; how they split into stages is "
+                      "not measured)", "drop --step-profile, or --pipeline-parallel-size 1")
+    if llama_cpp and spec.pp > 1:
+        raise invalid("--pipeline-parallel-size", spec.pp, "1 with llama.cpp's server "
+                      "(modelled on one GPU)", "--pipeline-parallel-size 1")
     model: StepModel | ProfileStepModel = step_profile or StepModel.roofline(
         spec, params, prefill_first)
     frontend_s = params.frontend_ms / 1e3
@@ -1078,7 +1191,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                           enable_prefix_caching=enable_prefix_caching,
                           prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share,
                           prefill_first=prefill_first,
-                          num_scheduler_steps=num_scheduler_steps)
+                          num_scheduler_steps=num_scheduler_steps,
+                          pipeline_parallel_size=spec.pp)
     from servelab.llm.rules import llama_cpp as llama_cpp_config
     from servelab.llm.rules import simulate
 
@@ -1126,7 +1240,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     out_tps = float(req.output[served].sum()) / span if span > 0 else 0.0
     in_tps = float(req.prompt[served].sum()) / span if span > 0 else 0.0
     price = spec.gpu.price_per_gpu_hour_usd
-    gpus = replicas * spec.tp
+    gpus = replicas * spec.tp * spec.pp
     per_hour = gpus * price
     if isinstance(model, ProfileStepModel):
         notes = [f"step time fitted to the measured profile {model.source} ({model.rows:,} "
@@ -1155,6 +1269,11 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
             notes.append(f"mixture of experts: FLOPs count the "
                          f"{spec.model.active_parameters / 1e9:.1f}B active parameters, "
                          f"memory reads all {spec.model.num_parameters / 1e9:.1f}B")
+    if spec.pp > 1 and isinstance(model, StepModel):
+        notes.append(f"pipeline parallel: {spec.pp} stages of {spec.tp} GPUs a replica, up "
+                     f"to {spec.pp} batches in flight (vLLM V1's batch queue), a request in "
+                     f"one at a time; each stage's send to the next "
+                     f"{model.hop_latency_s * 1e3:g} ms and the hidden state's bytes")
     if intake:
         notes.append(f"the API server takes each request for {params.intake_ms:g} ms on one "
                      "event loop before the engine sees it; requests that come while it is "
@@ -1199,7 +1318,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         kv_usage={"time_s": first_res.kv_time_s.tolist() if first_res else [],
                   "blocks": first_res.kv_blocks.tolist() if first_res else [],
                   "preempt_time_s": first_res.preempt_time_s.tolist() if first_res else []},
-        notes=tuple(notes),
+        notes=tuple(notes), pp=spec.pp,
         per_request={"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "prompt": req.prompt,
                      "output": req.output, "duration_s": span},
     )
@@ -1269,7 +1388,7 @@ MAX_PLAN_REPLICAS = 1024
 
 def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99_ms: float,
              max_replicas: int = MAX_PLAN_REPLICAS, **options: Any) -> LlmPlan:
-    """The fewest replicas (each of `spec.tp` GPUs) whose p99 TTFT and p99 TPOT meet the
+    """The fewest replicas (each of `spec.tp` x `spec.pp` GPUs) whose p99 TTFT and p99 TPOT meet the
     SLOs with every request served: doubling, then bisection (more replicas never hurt:
     each gets a smaller share of the same stream). Requests past --max-model-len are
     refused at any size, so they do not count against a plan (the report counts them)."""
@@ -1301,5 +1420,5 @@ def plan_llm(spec: PoolSpec, workload: Workload, *, ttft_p99_ms: float, tpot_p99
     best = fewest_meeting(meets, 1, max_replicas)
     if best is None:
         return LlmPlan(None, None, ttft_p99_ms, tpot_p99_ms, None, search)
-    return LlmPlan(best, best * spec.tp, ttft_p99_ms, tpot_p99_ms, tried[best],
+    return LlmPlan(best, best * spec.tp * spec.pp, ttft_p99_ms, tpot_p99_ms, tried[best],
                    sorted(search, key=lambda s: s["replicas"]))
