@@ -679,7 +679,8 @@ class LlmPool:
                    control=Control(_POOL, "Tensor parallel (0: all GPUs)", 0, 16, 1))
     pp: int = spec(1, _int(1, MAX_PIPELINE_STAGES), "Pipeline-parallel size: the layers in "
                    "this many stages, a replica tp x pp GPUs (vLLM V1's batch queue: as many "
-                   "batches in flight).", flags=("--pp", "--pipeline-parallel-size", "-pp"))
+                   "batches in flight).", flags=("--pp", "--pipeline-parallel-size", "-pp"),
+                   control=Control(_POOL, "Pipeline parallel (stages)", 1, 8, 1))
     gpu_memory_utilization: float = spec(
         0.9, _num(0, 1, strict_lo=True), "vLLM's share of each GPU (0.9).",
         flags=("--gpu-memory-utilization",),

@@ -806,6 +806,22 @@ def test_one_llm_deployment_per_page_and_its_export_runs_the_same_in_the_cli(bro
     page.close()
 
 
+def test_the_pools_pipeline_stages_reach_the_llm_section(browser, lab_url):
+    """The sidebar's LLM pool takes pipeline stages: 2 GPUs in 2 stages are one replica of
+    1 x 2, which the section runs and says (and the exported scenario holds)."""
+    page, watch = open_lab(browser, lab_url + LIGHT_LLM + "&llm.num_gpus=2")
+    page.wait_for_function("document.body.dataset.llmReady === '1'", timeout=60_000)
+    page.fill("#c-llm-pp", "2")
+    page.dispatch_event("#c-llm-pp", "change")
+    page.wait_for_function("document.querySelector('#llm-deployment').textContent"
+                           ".includes('on 1 × 1 × 2 stages H100-SXM')", timeout=60_000)
+    assert page.evaluate("LLM.last.pp") == 2
+    settle(page)
+    page.wait_for_function("last.update.toml.includes('pp = 2')", timeout=30_000)
+    assert not watch.errors, watch.errors
+    page.close()
+
+
 def test_an_llm_error_names_the_sections_control_and_clears_when_fixed(browser, lab_url):
     """Issue 29: the simulator's message names a CLI flag (--tp); the section says it in
     the page's words, marks the control (the sidebar's LLM pool holds tensor parallel),

@@ -915,7 +915,7 @@ function setSlider(id, value) {  // a section slider and its state key, within i
 // of the pool as a whole.
 const LLM_CONTROL_OF = {};  // an [llm] key -> its control's selector
 const LLM_FLAGS = [
-  ["--replicas", "#c-llm-num-gpus", "Replicas (GPUs / tensor parallel)"], ["--gpu", "#c-hardware-gpu", "GPU"],
+  ["--replicas", "#c-llm-num-gpus", "Replicas (GPUs / tensor parallel × pipeline stages)"], ["--gpu", "#c-hardware-gpu", "GPU"],
 ];
 
 function llmFlags() {  // once META is read
@@ -984,7 +984,7 @@ async function llmRefresh(preview = false) {
     llmClearError();
     LLM.last = d;
     showLlmControls();
-    $("#llm-deployment").textContent = `Deployment (the sidebar's LLM pool): ${d.model} on ${d.replicas} × ${d.tp} ${d.gpu}` +
+    $("#llm-deployment").textContent = `Deployment (the sidebar's LLM pool): ${d.model} on ${d.replicas} × ${d.tp}${d.pp > 1 ? ` × ${d.pp} stages` : ""} ${d.gpu}` +
       `, ${d.num_blocks_per_replica.toLocaleString()} KV blocks a replica` + (LLM.fitted ? "; a validated server's fitted step model" : "");
     $("#llm-cards").dataset.preview = d.preview ? "1" : "";
     $("#llm-status").textContent = d.preview ? `preview of ${d.requests_simulated.toLocaleString()} requests; the full run follows on release` : "";
@@ -1076,7 +1076,7 @@ function llmInit() {
       LLM.fitted = v.fit;
       LLM.measured = v;
       // the validated server as the page's deployment: one replica, its limits and load
-      state["llm.num_gpus"] = 1; state["llm.tp"] = 1;
+      state["llm.num_gpus"] = 1; state["llm.tp"] = 1; state["llm.pp"] = 1;
       setSlider("max_num_seqs", v.slots); setSlider("max_num_batched_tokens", v.batched);
       setSlider("prompt_tokens", v.prompt); setSlider("output_tokens", v.output);
       const mid = v.rate[Math.floor(v.rate.length / 2)];
