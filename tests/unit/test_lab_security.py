@@ -428,6 +428,7 @@ def llm_state(**keys: object) -> dict:  # type: ignore[type-arg]
     "llm.gpu": st.one_of(st.sampled_from(["H100-SXM", "A100-40GB"]), st.text(max_size=10)),
     "llm.kv_dtype": st.sampled_from(["auto", "fp8", "bogus"]),
     "llm.tp": st.integers(-2, 100), "llm.num_gpus": st.integers(-1, 2000),
+    "llm.pp": st.integers(-1, 100),
     "llm.request_rate": st.one_of(st.floats(allow_nan=False, allow_infinity=False),
                                   st.integers(-5, 20_000)),
     "llm.num_requests": st.integers(-1, 10**9),

@@ -315,9 +315,9 @@ class StepModel:
 
     def stages(self, step_s: float, tokens: int, seqs: int,
                pp: int) -> tuple[float, float, float, float]:
-        """A step of `step_s` (its time as one pass, `step_s`) cut into `pp` pipeline
-        stages of equal layers: (the host's part before the GPUs, each stage's part, a
-        send from one stage to the next, the sampling after the last). The host schedules
+        """A step whose time as one pass is `step_s`, cut into `pp` pipeline stages of
+        equal layers: (the host's part before the GPUs, each stage's part, a send from one
+        stage to the next, the sampling after the last). The host schedules
         (overhead) and samples (per sequence) once a step; the layers' reads, FLOPs and
         all-reduces split evenly over the stages."""
         host, tail = self.overhead_s, seqs * self.per_seq_s
