@@ -1273,7 +1273,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         notes.append(f"pipeline parallel: {spec.pp} stages of {spec.tp} GPUs a replica, up "
                      f"to {spec.pp} batches in flight (vLLM V1's batch queue), a request in "
                      f"one at a time; each stage's send to the next "
-                     f"{model.hop_latency_s * 1e3:g} ms and the hidden state's bytes")
+                     f"{model.hop_latency_s * 1e3:g} ms and the hidden state's bytes"
+                     + (" (--pp-hop-ms: fitted to one published run over two machines "
+                        "under Ray, all it cost beyond the stages; one machine's is likely "
+                        "far less)" if params.pp_hop_ms == PP_HOP_MS else ""))
     if intake:
         notes.append(f"the API server takes each request for {params.intake_ms:g} ms on one "
                      "event loop before the engine sees it; requests that come while it is "
