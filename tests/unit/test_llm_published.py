@@ -31,6 +31,17 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # model's 15%. Nothing else in the table runs across machines.
     ("vllm-70b-a100-40-tp4pp2-r4", "ttft_p50_ms"): 0.20,
     ("vllm-70b-a100-40-tp4pp2-r4", "tpot_p50_ms"): 0.20,
+    # Ten prompts at once on H100 (vLLM 0.6.0, multi-step), added 2026-12-06 after every
+    # constant was fitted: the model is slow here, TTFT +18% to +33% (its API server's
+    # intake, 3.1 ms a request read from a 320-prompt burst, is 31 ms of a 53-62 ms TTFT on
+    # 8B) and TPOT +2% to +16% (a step's 2.2 ms outside the GPU, fitted with SGLang's runs;
+    # multi-step spreads vLLM's over 10 steps). docs/llm.md.
+    ("vllm060-8b-h100-tp1-10", "ttft_p50_ms"): 0.40,
+    ("vllm060-8b-h100-tp2-10", "ttft_p50_ms"): 0.25,
+    ("vllm060-8b-h100-tp2-10", "tpot_p50_ms"): 0.20,
+    ("vllm060-70b-h100-tp2-10", "ttft_p50_ms"): 0.25,
+    ("vllm060-70b-h100-tp4-10", "ttft_p50_ms"): 0.25,
+    ("vllm060-70b-h100-tp4-10", "tpot_p50_ms"): 0.20,
 }
 
 
@@ -102,6 +113,8 @@ def test_every_configuration_is_covered_by_a_hold_out(rows):  # type: ignore[no-
     assert ("llama-3.1-70b", "A100-PCIe", 4) in held  # through NCCL (PCIe)
     assert ("llama-3.1-8b", "A100-80GB", 2) in held  # tensor parallel 2 (NVLink)
     assert ("llama-3.1-70b", "A100-40GB", 4) in held  # tp 4 x pipeline parallel 2
+    assert ("llama-3.1-8b", "H100-SXM", 2) in held  # tp 2: TTFT and TPOT, ten at once
+    assert ("llama-3-70b", "H100-SXM", 2) in held
 
 
 def test_a_case_runs_as_its_source_ran_it():
@@ -114,6 +127,20 @@ def test_a_case_runs_as_its_source_ran_it():
     assert run.spec.gpu.key == "A100-80GB"
     assert run.spec.max_num_batched_tokens == 8192
     assert math.isclose(np.mean(run.workload.lengths[1]), 216, rel_tol=0.1)
+
+
+def test_a_case_that_lists_its_requests_runs_them_as_they_are():
+    """Lambda's ten-prompt runs list each request's prompt and output tokens: one run of
+    those, in order, a recorded 0 as a one-token answer, not draws from the sample."""
+    from servelab.llm.published import draws
+
+    c = next(c for c in cases() if c.id == "vllm060-70b-h100-tp2-10")
+    assert draws(c) == 1
+    w = to_run(c).workload
+    assert w.lengths is not None
+    assert w.lengths[0].tolist() == [13, 25, 27, 10, 329, 29, 399, 328, 4, 205]
+    assert w.lengths[1].tolist() == [120, 661, 233, 194, 101, 741, 1, 1, 6, 35]
+    assert to_run(c, 5).workload.lengths[1].tolist() == w.lengths[1].tolist()
 
 
 def test_a_draw_is_held_to_the_runs_stated_mean_lengths():

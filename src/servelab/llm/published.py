@@ -56,6 +56,9 @@ class Case:
     use: str  # "fit" or "hold-out"
     num_scheduler_steps: int = 1  # vLLM 0.6's --num-scheduler-steps
     pp: int = 1  # vLLM's --pipeline-parallel-size
+    # the run's own requests, prompt and output tokens each, in the order sent, where the
+    # source lists them: the case runs them as they are (one draw), not drawn from a sample
+    requests: tuple[np.ndarray, np.ndarray] | None = None
     # figures of a "fit" case the fit did not use, held like hold-outs, and why
     not_fitted: dict[str, str] = field(default_factory=dict)
 
@@ -102,6 +105,19 @@ def _lengths(name: str) -> tuple[np.ndarray, np.ndarray]:
         return read_lengths_csv(path, 100_000, f"[workloads.{name}] csv")
 
 
+def _requests(c: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A case's `requests` table as arrays; an output the client recorded as 0 tokens (no
+    text came back: the model ended at once) is one token, the end it generated."""
+    if "requests" not in c:
+        return None
+    prompt = np.asarray(c["requests"]["prompt"], np.int64)
+    output = np.maximum(np.asarray(c["requests"]["output"], np.int64), 1)
+    if prompt.size != output.size or prompt.size != int(c["num_prompts"]) or (prompt < 1).any():
+        raise ValueError(f"case {c['id']}: requests needs {c['num_prompts']} prompt and "
+                         "output lengths, prompts of at least 1 token")
+    return prompt, output
+
+
 def cases() -> list[Case]:
     out = []
     for c in _raw()["case"]:
@@ -124,6 +140,7 @@ def cases() -> list[Case]:
             gain_over=c["measured"].get("gain_over"), use=c["use"],
             num_scheduler_steps=int(c.get("num_scheduler_steps", 1)),
             pp=int(c.get("pp", 1)),
+            requests=_requests(c),
             not_fitted=dict(c.get("not_fitted", {}))))
     return out
 
@@ -142,6 +159,8 @@ def _lengths_for(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
     seed's draws within MEAN_TOLERANCE of both: a run's TTFT rests on how long its
     prompts were (a 200-request draw's mean prompt spreads by about 8%, and its TTFT
     median with it), and those means are what is known of the prompts it sent."""
+    if case.requests is not None:
+        return case.requests
     if case.lengths is None:
         return None
     rng = np.random.default_rng(seed)
@@ -184,7 +203,10 @@ DRAWS = 16
 
 
 def draws(case: Case) -> int:
-    """How many draws of the case the prediction averages."""
+    """How many draws of the case the prediction averages (one where the case lists its
+    own requests and sends them at once: nothing is left to draw)."""
+    if case.requests is not None and np.isinf(case.request_rate):
+        return 1
     return DRAWS if case.num_prompts < FEW_REQUESTS else 1
 
 
