@@ -265,8 +265,8 @@ def size_pool(p: PoolSpec) -> PoolReport:
     available = usable - w_rank - act - non_torch - graphs
     # a stage holds the KV of its own layers; vLLM gives the last stages the layers left
     # over (get_pp_indices) and sizes every stage's pool as the fullest one's
-    stage_layers = -(-m.num_layers // p.pp)
-    per_tok_gpu = bytes_per_token_per_gpu(m, kv_dtype, p.tp) * stage_layers / m.num_layers
+    stage_share = -(-m.num_layers // p.pp) / m.num_layers
+    per_tok_gpu = bytes_per_token_per_gpu(m, kv_dtype, p.tp) * stage_share
     block_bytes = p.block_size * per_tok_gpu
     num_blocks = (p.num_gpu_blocks_override if p.num_gpu_blocks_override is not None
                   else max(0, int(available // block_bytes)))
@@ -299,7 +299,7 @@ def size_pool(p: PoolSpec) -> PoolReport:
         bytes_per_token_per_gpu=per_tok_gpu,
         bytes_per_session=session_bytes(m, kv_dtype, p.context_tokens),
         bytes_per_session_per_gpu=session_bytes(m, kv_dtype, p.context_tokens, p.tp)
-        * stage_layers / m.num_layers,
+        * stage_share,
         block_size=p.block_size,
         block_bytes_per_gpu=block_bytes,
         blocks_per_session=math.ceil(per_req),

@@ -831,6 +831,13 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                         done[i] = t
                         sends.free(t)
 
+    def land_oldest() -> None:
+        """Wait for the oldest batch in flight and take its tokens (pipeline stages)."""
+        nonlocal t
+        at, batch = in_flight.popleft()
+        t = max(t, at)
+        land(batch)
+
     def end_group() -> None:
         nonlocal group_left
         group_left = 0
@@ -859,9 +866,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         if in_flight and (len(in_flight) == lanes
                           or (not waiting and all(flying[i] for i in running))):
             # the queue is full, or nothing is left to schedule: wait for the oldest batch
-            at, batch = in_flight.popleft()
-            t = max(t, at)
-            land(batch)
+            land_oldest()
             continue
         if running and steps >= retry_at and group == 1 and lanes == 1:
             took = decode_run()
@@ -926,9 +931,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 continue
             if in_flight:  # nothing to add: the oldest batch's tokens first
                 steps -= 1
-                at, batch = in_flight.popleft()
-                t = max(t, at)
-                land(batch)
+                land_oldest()
                 continue
             if sends.next_at() < math.inf:
                 t = max(t, sends.next_at())
@@ -963,17 +966,15 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 flying[i] = True
             t += host
             busy += dt / lanes  # each GPU's share: its own stage
-            kv_t.append(t)
-            kv_b.append(pool - free)
-            continue
-        t += dt
-        busy += dt
-        if group > 1:  # a step of decodes alone starts a group; a prompt step is one step
-            group_left = group_left - 1 if in_group else (
-                group - 1 if decodes == len(sched) else 0)
-        land(sched)
-        if group > 1 and (not group_left or not running):
-            end_group()  # the group's last step, or nothing left to run in it
+        else:
+            t += dt
+            busy += dt
+            if group > 1:  # a step of decodes alone starts a group; a prompt step is one
+                group_left = group_left - 1 if in_group else (
+                    group - 1 if decodes == len(sched) else 0)
+            land(sched)
+            if group > 1 and (not group_left or not running):
+                end_group()  # the group's last step, or nothing left to run in it
         kv_t.append(t)
         kv_b.append(pool - free)
     return serving_result(order, sends.arrival, first, done, output, preempt, rejected, gen,
