@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,8 +42,21 @@ def main() -> None:
                          "(e.g. one a new case alone depends on)")
     ap.add_argument("--cases", nargs="+", metavar="ID",
                     help="fit on these \"fit\" cases only (default: all of them)")
+    ap.add_argument("--start", nargs="+", metavar="NAME=VALUE", default=[],
+                    help="start from these values instead of the defaults (e.g. "
+                         "compute_ramp_tokens=0 overlap=3); with --table, print for them")
     a = ap.parse_args()
-    params = StepParams()
+    known = {n for n, _, _ in BOUNDS}
+    start = {}
+    for item in a.start:
+        name, _, value = item.partition("=")
+        if name not in known:
+            ap.error(f"--start {item}: the name must be one of {', '.join(sorted(known))}")
+        try:
+            start[name] = float(value)
+        except ValueError:
+            ap.error(f"--start {item}: the value must be a number")
+    params = replace(StepParams(), **start)
     if not a.table:
         t0 = time.perf_counter()
 

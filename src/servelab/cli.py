@@ -323,6 +323,7 @@ def _llm_spec(params: dict[str, Any]) -> tuple[Scenario, LlmPool, Any]:
 
 SchedulerOpt = Annotated[str | None, option("llm.scheduler")]
 CompEffOpt = Annotated[float | None, option("llm.compute_efficiency")]
+RampOpt = Annotated[float | None, option("llm.compute_ramp_tokens")]
 MemEffOpt = Annotated[float | None, option("llm.memory_efficiency")]
 KvEffOpt = Annotated[float | None, option("llm.kv_memory_efficiency")]
 OverheadOpt = Annotated[float | None, option("llm.overhead_ms")]
@@ -333,6 +334,7 @@ ArLatOpt = Annotated[float | None, option("llm.allreduce_latency_us")]
 NcclLatOpt = Annotated[float | None, option("llm.nccl_allreduce_latency_us")]
 FrontOpt = Annotated[float | None, option("llm.frontend_ms")]
 IntakeOpt = Annotated[float | None, option("llm.intake_ms")]
+IntakeTokOpt = Annotated[float | None, option("llm.intake_per_token_us")]
 ReplicaTpOpt = Annotated[int | None, option("llm.tp", help="GPUs per replica "
                                                      "(tensor-parallel size).")]
 ReplicasOpt = Annotated[int | None, option("llm.replicas")]
@@ -372,13 +374,15 @@ def llm_simulate(
     lengths: LengthsOpt = None, chunked_prefill: ChunkedOpt = None,
     prefix_caching: PrefixCachingOpt = None, prefix_tokens: PrefixTokensOpt = None,
     prefix_hit_share: PrefixShareOpt = None, scheduler: SchedulerOpt = None,
-    compute_efficiency: CompEffOpt = None, memory_efficiency: MemEffOpt = None,
+    compute_efficiency: CompEffOpt = None, compute_ramp_tokens: RampOpt = None,
+    memory_efficiency: MemEffOpt = None,
     kv_memory_efficiency: KvEffOpt = None, overhead_ms: OverheadOpt = None,
     prefill_first_overhead_ms: PfOverheadOpt = None,
     per_seq_ms: PerSeqOpt = None, overlap: OverlapOpt = None,
     allreduce_latency_us: ArLatOpt = None,
     nccl_allreduce_latency_us: NcclLatOpt = None, pp_hop_ms: PpHopOpt = None,
     frontend_ms: FrontOpt = None, intake_ms: IntakeOpt = None,
+    intake_per_token_us: IntakeTokOpt = None,
     step_profile: StepProfileOpt = None, num_gpu_blocks_override: BlocksOverrideOpt = None,
     max_model_len: MaxModelLenOpt = None, num_scheduler_steps: SchedStepsOpt = None,
     seed: LlmSeedOpt = 0, save_result: SaveResultOpt = None, goodput: GoodputOpt = None,

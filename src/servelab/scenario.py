@@ -799,6 +799,10 @@ class LlmPool:
         None, _opt(_num(0.001, 1)), "Share of peak FLOPs the step's GEMMs reach ([llm] "
         "compute_efficiency; default fitted to published runs).",
         flags=("--compute-efficiency",))
+    compute_ramp_tokens: float | None = spec(
+        None, _opt(_num(0, 100_000)), "Tokens a step's compute side costs beyond those it "
+        "runs: a step of M tokens reaches compute_efficiency x M / (M + this) of peak "
+        "FLOPs.", unit="tokens", flags=("--compute-ramp-tokens",))
     memory_efficiency: float | None = spec(None, _opt(_num(0.001, 1)), "Share of HBM bandwidth "
                                            "a step's reads of the weights reach.",
                                            flags=("--memory-efficiency",))
@@ -838,6 +842,10 @@ class LlmPool:
                                    "it; requests that come while it is busy wait (a burst "
                                    "of N waits N times this).", unit="ms",
                                    flags=("--intake-ms",))
+    intake_per_token_us: float | None = spec(
+        None, _opt(_num(0, 10_000)), "The same intake's time for each token of the "
+        "request's prompt (parsing, tokenizing), beside intake_ms.", unit="µs",
+        flags=("--intake-per-token-us",))
 
     @property
     def tensor_parallel(self) -> int:

@@ -279,7 +279,7 @@ SCENARIO_KEYS = {
             "enable_chunked_prefill",
             "prefix_hit_share", "step_profile_csv", "tpot_p99_slo_ms",
             "num_gpu_blocks_override", "max_model_len", "num_scheduler_steps", "pp",
-            "pp_hop_ms"],
+            "pp_hop_ms", "compute_ramp_tokens", "intake_per_token_us"],
     "nope": ["x"],
 }
 toml_scalars = st.one_of(

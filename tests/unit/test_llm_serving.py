@@ -518,6 +518,33 @@ def test_moe_active_parameters_are_the_authors_figures(model, stated_active):
     assert step.weight_bytes == pytest.approx(weights_bytes(m, "auto") / 8)
 
 
+def test_moe_step_reads_only_the_experts_its_tokens_go_to():
+    """Mixtral 8x7B (top-2 of 8 experts, 32 layers of 3 x 4096 x 14336 each) at tp 2 on
+    A100: a step of M tokens misses an expert with chance (6/8)^M, and does not read it.
+    Worked by hand with compute and overheads out of the way (a memory-bound step)."""
+    from servelab.llm.kv import weights_bytes
+    from servelab.llm.models import get_model
+    from servelab.llm.serving import StepParams
+
+    m = get_model("mixtral-8x7b")
+    routed = 32 * 8 * 3 * 4096 * 14336
+    assert (m.num_routed_experts, m.experts_per_token) == (8, 2)
+    assert m.routed_expert_parameters == routed
+    p = StepParams(overhead_ms=0.0, per_seq_ms=0.0, allreduce_latency_us=0.0,
+                   memory_efficiency=1.0, compute_ramp_tokens=0.0)
+    step = StepModel.roofline(_spec("mixtral-8x7b", 2, "A100-80GB"), p)
+    w = weights_bytes(m, "auto") / 2
+    assert step.routed_bytes == pytest.approx(w * routed / m.num_parameters)
+    bw = step.hbm_bytes_per_s
+    for tokens, unread in ((1, 0.75), (2, 0.5625), (10, 0.75**10)):
+        mem_s = (w - step.routed_bytes * unread) / bw
+        got = step.step_s(tokens, 0.0, 0.0, tokens) - step.allreduce_s(tokens)
+        assert got == pytest.approx(mem_s, rel=1e-9), tokens
+    # a dense model reads all of its weights at any batch
+    dense = StepModel.roofline(_spec("llama-3.1-8b", 1), p)
+    assert dense.routed_bytes == 0.0
+
+
 def test_a_dense_model_has_no_active_share():
     from servelab.llm.models import get_model
 
@@ -807,14 +834,16 @@ def test_roofline_against_whole_steps_measured_on_an_h200(name):
                               row["decode_seqs"], seqs) - m.allreduce_s(row["tokens"])) * 1e3
         ratio = predicted / row["median_ms"]
         if row["kind"] == "prefill" and row["prefill_tokens"] >= 512:
-            # compute-bound: the fitted 0.47 of peak is a little below what these whole
-            # steps reached (0.45-0.53), so the model is -7% to +28% of them
-            assert 0.9 <= ratio <= 1.3, (row, predicted)
+            # compute-bound: these plain-PyTorch whole steps reached 0.45-0.53 of peak;
+            # the model's 0.635 x M / (M + 107), refitted 2026-12-06 with vLLM's ten-prompt
+            # runs (a 1,369-token prefill near 0.6), is 26% below to 7% above them
+            assert 0.7 <= ratio <= 1.1, (row, predicted)
         if row["kind"] == "decode":
             # memory-bound: PyTorch's attention read the KV at about half of HBM
-            # bandwidth and its small kernels add 1-2 ms a step; the model (0.83 of HBM,
-            # 0.64 ms a step) is 42% below to 18% above
-            assert 0.55 <= ratio <= 1.2, (row, predicted)
+            # bandwidth and its small kernels add 1-2 ms a step; the model (0.86 of HBM,
+            # 0.87 ms a step, the ramp's compute at 256+ sequences) is 42% below to 35%
+            # above
+            assert 0.55 <= ratio <= 1.4, (row, predicted)
 
 
 def _step_rows(name: str) -> dict[tuple, dict]:
@@ -859,11 +888,13 @@ def test_a_split_kv_attention_kernel_reads_the_kv_as_fast_as_the_model_charges()
 @pytest.mark.parametrize("name", ["llama-3.1-8b-tp1-lean-cudnn", "llama-3.1-70b-tp2-lean-cudnn",
                                   "llama-3.1-70b-tp4-lean-cudnn"])
 def test_roofline_against_whole_decode_steps_with_split_kv_attention(name):
-    """With a serving engine's attention kernel the model is 32% below to 38% above the
+    """With a serving engine's attention kernel the model is 32% below to 61% above the
     whole decode step: short of it where a step is a few sequences (fixed per-layer
-    kernels, 4-6 ms a step on the 70B shards, beyond the 0.64 ms the model charges), over
-    it at 256-512 sequences of short context, where the model turns compute-bound at the
-    0.47 of peak fitted to whole prefills while these GEMMs ran faster."""
+    kernels, 4-6 ms a step on the 70B shards, beyond the 0.87 ms the model charges), over
+    it at 256-512 sequences of short context, where the model turns compute-bound: since
+    the 2026-12-06 refit every step pays the compute ramp (0.635 x M / (M + 107) of peak,
+    0.53 at 512), where these GEMMs ran faster. Sparing decode steps the ramp put the
+    published A100 bursts' throughput 18-24% high instead (docs/llm.md)."""
     import json
 
     from servelab.catalog import get_gpu
@@ -884,9 +915,9 @@ def test_roofline_against_whole_decode_steps_with_split_kv_attention(name):
                      - m.allreduce_s(row["tokens"])) * 1e3
         ratios.append(predicted / row["median_ms"])
         if row["decode_seqs"] <= 128:
-            assert 0.65 <= ratios[-1] <= 1.1, (row, predicted)
+            assert 0.65 <= ratios[-1] <= 1.25, (row, predicted)
         else:
-            assert 0.7 <= ratios[-1] <= 1.4, (row, predicted)
+            assert 1.0 <= ratios[-1] <= 1.7, (row, predicted)
     assert len(ratios) >= 17
 
 
@@ -1034,18 +1065,63 @@ def test_intake_never_hands_a_request_on_before_its_cost_and_keeps_the_order(arr
         assert got == pytest.approx(a + cost)
 
 
+def test_the_intake_charges_each_request_its_own_cost():
+    # per-request costs (a prompt's tokens): two at once, 1 + 3 ms, go on together at 4
+    # ms; a third at 10 ms (the loop free) goes on after its own 2 ms
+    got = intake_times(np.array([0.0, 0.0, 0.010]), np.array([0.001, 0.003, 0.002]))
+    assert got == pytest.approx([0.004, 0.004, 0.012])
+    # in arrival order, whatever order given, each with its own cost
+    got = intake_times(np.array([0.010, 0.0, 0.0]), np.array([0.002, 0.001, 0.003]))
+    assert got == pytest.approx([0.012, 0.004, 0.004])
+
+
+def test_the_intake_grows_with_the_prompt():
+    """intake_per_token_us: ten prompts of 500 tokens at once reach the engine together
+    10 x 500 x 10 us = 50 ms later than at 0 us a token (0.5 ms a request either way);
+    of 10 tokens, 1 ms later."""
+    spec = _spec("llama-3.1-8b", 1)
+
+    def ttft(prompt: int, per_token_us: float) -> float:
+        w = Workload(request_rate=1e6, num_requests=10, prompt_tokens=prompt,
+                     output_tokens=4, seed=0)
+        p = StepParams(intake_ms=0.5, intake_per_token_us=per_token_us)
+        return serve_llm(spec, w, step_params=p).ttft_ms["p50"]
+
+    assert ttft(500, 10.0) - ttft(500, 0.0) == pytest.approx(50.0, rel=1e-3)
+    assert ttft(10, 10.0) - ttft(10, 0.0) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_small_step_reaches_less_of_peak_flops():
+    """compute_ramp_tokens M0: a step of M tokens runs at compute_efficiency x M / (M +
+    M0) of peak, so a compute-bound one costs M + M0 tokens' FLOPs at the stated
+    efficiency. Llama 3.1 8B on one H100, overheads out of the way."""
+    p = StepParams(compute_efficiency=0.6, compute_ramp_tokens=100.0, memory_efficiency=1.0,
+                   overhead_ms=0.0, per_seq_ms=0.0)
+    step = StepModel.roofline(_spec("llama-3.1-8b", 1), p)
+    flat = StepModel.roofline(_spec("llama-3.1-8b", 1), replace(p, compute_ramp_tokens=0.0))
+    for tokens in (400, 4000):
+        assert step.step_s(tokens, 0.0, 0.0) == pytest.approx(
+            flat.step_s(tokens, 0.0, 0.0) * (tokens + 100) / tokens, rel=1e-9)
+    # every step pays it, a decode-only one too (the form fitted best; docs/llm.md)
+    bare, bare_flat = replace(step, weight_bytes=0.0), replace(flat, weight_bytes=0.0)
+    assert bare.step_s(64, 0.0, 0.0, 64) == pytest.approx(
+        bare_flat.step_s(64, 0.0, 0.0, 64) * 164 / 64)
+
+
 def test_a_burst_of_320_waits_for_the_intake_and_its_throughput_falls():
     """The modelled start of vLLM 0.6.0's 320-prompt bursts (docs/llm.md): every request
     waits 320 x intake before the engine sees it; a Poisson load seconds apart does not."""
     spec = _spec("llama-3.1-8b", 1)
     burst = Workload(request_rate=1e6, num_requests=320, prompt_tokens=256,
                      output_tokens=64, seed=0)
-    off = serve_llm(spec, burst, step_params=StepParams(intake_ms=0.0))
-    on = serve_llm(spec, burst, step_params=StepParams(intake_ms=3.0))
+    off = serve_llm(spec, burst, step_params=StepParams(intake_ms=0.0, intake_per_token_us=0.0))
+    on = serve_llm(spec, burst, step_params=StepParams(intake_ms=3.0, intake_per_token_us=0.0))
     assert on.ttft_ms["p50"] - off.ttft_ms["p50"] == pytest.approx(320 * 3.0, rel=0.02)
     assert on.output_tokens_per_s < off.output_tokens_per_s
     slow = Workload(request_rate=2.0, num_requests=200, prompt_tokens=256,
                     output_tokens=64, seed=0)
-    a = serve_llm(spec, slow, step_params=StepParams(intake_ms=0.0, frontend_ms=10.0))
-    b = serve_llm(spec, slow, step_params=StepParams(intake_ms=3.0, frontend_ms=7.0))
+    a = serve_llm(spec, slow, step_params=StepParams(intake_ms=0.0, intake_per_token_us=0.0,
+                                                       frontend_ms=10.0))
+    b = serve_llm(spec, slow, step_params=StepParams(intake_ms=3.0, intake_per_token_us=0.0,
+                                                       frontend_ms=7.0))
     assert b.ttft_ms["p50"] == pytest.approx(a.ttft_ms["p50"], abs=0.5)  # the same 10 ms

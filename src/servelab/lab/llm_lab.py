@@ -113,7 +113,8 @@ def _prepared(s: Scenario, fitted: LlmFit | None) -> tuple[Scenario, dict[str, A
                       context_tokens=fitted.ctx_per_slot or llm.context_tokens)
     return (replace(s, llm=replace(llm, num_gpu_blocks_override=fitted.num_blocks)),
             {"step_profile": _step_model(fitted),
-             "step_params": StepParams(frontend_ms=fitted.overhead_ms, intake_ms=0.0)})
+             "step_params": StepParams(frontend_ms=fitted.overhead_ms, intake_ms=0.0,
+                                        intake_per_token_us=0.0)})
 
 
 def sweep(s: Scenario, fitted: LlmFit | None = None) -> dict[str, Any]:

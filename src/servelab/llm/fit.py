@@ -33,12 +33,14 @@ from servelab.llm.serving import (
 
 FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "output_tokens_per_s")
 # name, low, high: the range each constant is fitted within
-BOUNDS = (("compute_efficiency", 0.2, 1.0), ("memory_efficiency", 0.4, 1.0),
+BOUNDS = (("compute_efficiency", 0.2, 1.0), ("compute_ramp_tokens", 0.0, 1000.0),
+          ("memory_efficiency", 0.4, 1.0),
           ("kv_memory_efficiency", 0.2, 1.0),
           ("overlap", 1.0, 8.0), ("overhead_ms", 0.0, 5.0),
           ("prefill_first_overhead_ms", 0.0, 5.0), ("per_seq_ms", 0.0, 0.5),
           ("allreduce_latency_us", 0.0, 100.0), ("nccl_allreduce_latency_us", 0.0, 500.0),
-          ("frontend_ms", 0.0, 50.0), ("pp_hop_ms", 0.0, 50.0))
+          ("frontend_ms", 0.0, 50.0), ("intake_ms", 0.0, 20.0),
+          ("intake_per_token_us", 0.0, 100.0), ("pp_hop_ms", 0.0, 50.0))
 # what `llm fit` frees by default: the overlap is a property of the kernels, held at the
 # published fit (a handful of one deployment's runs cannot tell it from the rest)
 USER_FIT = ("compute_efficiency", "memory_efficiency", "overhead_ms", "per_seq_ms",

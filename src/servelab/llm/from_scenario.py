@@ -12,9 +12,11 @@ from servelab.llm.pool import pool_spec
 from servelab.scenario import LlmPool, Scenario
 
 # The roofline's constants, each an [llm] key (None: the defaults fitted to published runs)
-STEP_KEYS = ("compute_efficiency", "memory_efficiency", "kv_memory_efficiency", "overhead_ms",
+STEP_KEYS = ("compute_efficiency", "compute_ramp_tokens", "memory_efficiency",
+             "kv_memory_efficiency", "overhead_ms",
              "prefill_first_overhead_ms", "per_seq_ms", "overlap", "allreduce_latency_us",
-             "nccl_allreduce_latency_us", "pp_hop_ms", "frontend_ms", "intake_ms")
+             "nccl_allreduce_latency_us", "pp_hop_ms", "frontend_ms", "intake_ms",
+             "intake_per_token_us")
 
 
 def llm_of(s: Scenario) -> LlmPool:

@@ -42,6 +42,11 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()  # one per layer; () means every layer is FULL
     checkpoint_dtype: str | None = None  # a quantized checkpoint's weight dtype (fp8, int4)
     active_parameters: float | None = None  # a mixture of experts: those a token uses
+    # a mixture of experts: its routed experts, how many a token goes to, and their weights'
+    # parameters (all layers, all experts); 0 for a dense model (routed_experts)
+    num_routed_experts: int = 0
+    experts_per_token: int = 0
+    routed_expert_parameters: float = 0.0
     source: str = ""
     params_source: str = ""
 
@@ -114,23 +119,34 @@ def estimate_parameters(cfg: dict[str, Any]) -> float:
     return float(emb + cfg["num_hidden_layers"] * (attn + mlp))
 
 
+def routed_experts(cfg: dict[str, Any]) -> tuple[int, int, float]:
+    """A mixture of experts' routed experts per layer, the experts each token goes to, and
+    the routed experts' parameters over all layers (gated MLPs, 3 x hidden x
+    moe_intermediate each; layers before ``first_k_dense_replace`` are dense); (0, 0, 0.0)
+    for a dense model. Shared experts are not routed: every token uses them."""
+    experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 1
+    k = cfg.get("num_experts_per_tok")
+    if experts <= 1 or not k:
+        return 0, 0, 0.0
+    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or (
+        4 * cfg["hidden_size"])
+    moe_layers = max(0, cfg["num_hidden_layers"] - (cfg.get("first_k_dense_replace") or 0))
+    return int(experts), int(min(k, experts)), float(
+        moe_layers * experts * 3 * cfg["hidden_size"] * inter)
+
+
 def estimate_active_parameters(cfg: dict[str, Any], total: float) -> float | None:
     """Parameters a token passes through, for a mixture of experts (None: dense).
 
     Each MoE layer routes a token to ``num_experts_per_tok`` of its routed experts (plus
     any shared experts, which every token uses); the other routed experts' gated MLPs
-    (3 x hidden x moe_intermediate each) are inactive for it. Layers before
-    ``first_k_dense_replace`` are dense. Mixtral 8x7B gives 12.9B of 46.7B and
+    are inactive for it (routed_experts). Mixtral 8x7B gives 12.9B of 46.7B and
     DeepSeek-V3 37.5B of 671B, the figures their authors state (12.9B, 37B).
     """
-    experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 1
-    k = cfg.get("num_experts_per_tok")
-    if experts <= 1 or not k:
+    experts, k, routed = routed_experts(cfg)
+    if not experts:
         return None
-    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or (
-        4 * cfg["hidden_size"])
-    moe_layers = cfg["num_hidden_layers"] - (cfg.get("first_k_dense_replace") or 0)
-    inactive = max(0, moe_layers) * max(0, experts - k) * 3 * cfg["hidden_size"] * inter
+    inactive = routed * (experts - k) / experts
     return float(max(total - inactive, total / experts))
 
 
@@ -235,6 +251,7 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
     hidden = int(need("hidden_size"))
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     total = float(cfg.get("num_parameters") or estimate_parameters(cfg))
+    experts, per_token, routed = routed_experts(cfg)
     return ModelConfig(
         key=key,
         name=str(cfg.get("name", key)),
@@ -248,6 +265,8 @@ def _from_dict(key: str, cfg: dict[str, Any], where: str) -> ModelConfig:
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
         num_parameters=total,
         active_parameters=estimate_active_parameters(cfg, total),
+        num_routed_experts=experts, experts_per_token=per_token,
+        routed_expert_parameters=min(routed, total),
         torch_dtype=str(cfg.get("torch_dtype") or "bfloat16"),
         kv_lora_rank=cfg.get("kv_lora_rank"),
         qk_rope_head_dim=cfg.get("qk_rope_head_dim") if cfg.get("kv_lora_rank") else None,

@@ -61,6 +61,7 @@ class Case:
     requests: tuple[np.ndarray, np.ndarray] | None = None
     # figures of a "fit" case the fit did not use, held like hold-outs, and why
     not_fitted: dict[str, str] = field(default_factory=dict)
+    weight_dtype: str = "auto"  # the checkpoint's weights where not the model's ("fp8")
 
     def use_of(self, figure: str) -> str:
         """"fit" where the fit used this figure, else "hold-out" (a hold-out case's, or a
@@ -141,7 +142,8 @@ def cases() -> list[Case]:
             num_scheduler_steps=int(c.get("num_scheduler_steps", 1)),
             pp=int(c.get("pp", 1)),
             requests=_requests(c),
-            not_fitted=dict(c.get("not_fitted", {}))))
+            not_fitted=dict(c.get("not_fitted", {})),
+            weight_dtype=str(c.get("weight_dtype", "auto"))))
     return out
 
 
@@ -180,7 +182,7 @@ def _lengths_for(case: Case, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
 def to_run(case: Case, seed: int = 0) -> Run:
     """The case as `llm fit` takes a run: its deployment, load and modelled figures."""
     spec = PoolSpec(model=get_model(case.model), gpu=get_gpu(case.gpu), tp=case.tp,
-                    pp=case.pp, num_gpus=case.tp * case.pp,
+                    pp=case.pp, weight_dtype=case.weight_dtype, num_gpus=case.tp * case.pp,
                     gpu_memory_utilization=case.gpu_memory_utilization,
                     max_num_batched_tokens=case.max_num_batched_tokens,
                     max_num_seqs=case.max_num_seqs, context_tokens=4096)

@@ -33,18 +33,21 @@ Step time (``StepModel``), per GPU of a tensor-parallel group:
           + 4 x layers x heads x head_dim / tp per (token, context token) of attention
   bytes = the weights on the GPU, read once per step
           + each scheduled request's cached context, KV bytes per token per GPU
-  time  = max(FLOPs / (peak x compute_efficiency), bytes / (HBM bandwidth x
-          memory_efficiency)) (or their p-norm, `overlap`) + overhead per step
-          + per_seq per scheduled sequence.
+  time  = max(FLOPs / (peak x compute_efficiency x M / (M + compute_ramp_tokens)),
+          bytes / (HBM bandwidth x memory_efficiency)) (or their p-norm, `overlap`)
+          + overhead per step + per_seq per scheduled sequence, for a step of M tokens.
   A mixture of experts counts its active parameters for FLOPs (those a token is routed
-  through) and all of them for bytes. With tp > 1, each layer's two all-reduces add
+  through) and for bytes its dense weights and the experts some token of the step was
+  routed to (each missed by M tokens with chance (1 - top_k / experts)^M). With tp > 1,
+  each layer's two all-reduces add
   2 x layers x 2 (tp - 1) x (latency + tokens x hidden x 2 bytes / tp / (link bandwidth x
   link efficiency)), not overlapped with compute: a ring all-reduce's 2 (tp - 1) steps.
   The latency of a step is vLLM's own all-reduce kernel's, or NCCL's where vLLM falls
   back to it (more than two PCIe-only GPUs).
   Each request also spends `frontend_ms` outside the steps (HTTP out, the first
-  detokenize) and `intake_ms` in the API server's one loop, which queues (a burst waits
-  for the loop to take all of it: intake_times), added to its TTFT and end-to-end
+  detokenize) and `intake_ms` + `intake_per_token_us` a prompt token in the API
+  server's one loop, which queues (a burst waits for the loop to take all of it:
+  intake_times), added to its TTFT and end-to-end
   latency. The constants (``StepParams``) are fitted to published
   vLLM and SGLang runs (llm/published.py, bench/fit_published_llm.py); `llm fit` fits
   them to a user's own.
@@ -110,19 +113,25 @@ DECODE_RUN_MIN = 2  # steps a decode run must be able to take (`simulate_serving
 DECODE_RUN_BACKOFF = 64  # steps at most between tries where runs keep failing
 MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
-# The roofline's constants (StepParams' defaults), fitted 2026-12-01 by
-# bench/fit_published_llm.py to the published vLLM and SGLang runs marked "fit" in
-# servelab/data/published_llm.toml (rms log error 0.035 over 10 figures; the hold-out
-# figures, tests/unit/test_llm_published.py, within 15%). A whole step reaches less of
-# peak FLOPs (0.47: attention, norms, activations, sampling) than its weight GEMMs did on
-# an H200 (0.69-0.77, bench/device/results/); weights and KV are read at 0.83 of HBM
-# bandwidth (the GEMMs: 0.71-0.82). Fitted free within 1-8, the p-norm's p went to its
-# bound: the larger of the two sides (max) is the default.
-COMPUTE_EFFICIENCY = 0.4653
-MEMORY_EFFICIENCY = 0.8313
-OVERHEAD_MS = 0.6435  # a step of vLLM V1 (0.21-0.23), from its batch-1 runs
-PREFILL_FIRST_OVERHEAD_MS = 2.207  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
-PER_SEQ_MS = 0.01683
+# The roofline's constants (StepParams' defaults), fitted by bench/fit_published_llm.py to
+# the published vLLM and SGLang runs marked "fit" in servelab/data/published_llm.toml:
+# first 2026-12-01 (rms log error 0.035 over 10 figures), then jointly again 2026-12-06
+# with Lambda's ten-prompt H100 runs among the fit cases (25 figures, rms log error 0.043;
+# `--only compute_efficiency compute_ramp_tokens memory_efficiency overhead_ms
+# prefill_first_overhead_ms per_seq_ms intake_ms intake_per_token_us frontend_ms
+# allreduce_latency_us --max-evals 300`, from a first joint fit's values; docs/llm.md). A
+# step of M tokens reaches 0.635 x M / (M + 107) of peak FLOPs: 0.59 for a prefill of
+# 1,369 tokens, 0.43 for a chunk of 200 (attention, norms, activations and sampling beside
+# the GEMMs, which reached 0.69-0.77 alone on an H200, bench/device/results/); weights and
+# KV are read at 0.86 of HBM bandwidth (the GEMMs: 0.71-0.82). Fitted free within 1-8
+# (2026-12-01), the p-norm's p went to its bound: the larger of the two sides (max) is
+# the default; freed again beside the ramp (2026-12-06) it went to 4 and fitted worse.
+COMPUTE_EFFICIENCY = 0.6349
+COMPUTE_RAMP_TOKENS = 106.6
+MEMORY_EFFICIENCY = 0.8587
+OVERHEAD_MS = 0.873  # a step of vLLM V1 (0.21-0.23), from its batch-1 runs
+PREFILL_FIRST_OVERHEAD_MS = 1.98  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
+PER_SEQ_MS = 0.02879
 OVERLAP = math.inf
 # A ring all-reduce over tp GPUs takes 2 (tp - 1) steps, each a latency plus its share of
 # the bytes (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
@@ -130,8 +139,8 @@ OVERLAP = math.inf
 # for how the synchronisation grows with the group). The latency of one step, fitted
 # 2026-12-01 as 37.91 us a whole all-reduce at tp 4 (H100 NVLink), that over 6 steps
 # (6.318); refitted alone on the "fit" cases 2026-12-06 once the API server's intake was
-# in (bench/fit_published_llm.py --only allreduce_latency_us --max-evals 40):
-ALLREDUCE_LATENCY_US = 5.81
+# in (5.81), and with the rest in the joint refit the same day:
+ALLREDUCE_LATENCY_US = 4.597
 # vLLM's own (custom) all-reduce kernel needs NVLink between every pair of GPUs, or at most
 # two GPUs: "Custom allreduce is disabled because it's not supported on more than two
 # PCIe-only GPUs" (vllm/distributed/device_communicators/custom_all_reduce.py), and NCCL
@@ -154,13 +163,17 @@ NCCL_ALLREDUCE_LATENCY_US = 20.91
 PP_HOP_MS = 10.33
 # a GPU-to-GPU link below this (GB/s, one direction) is PCIe: NVLink starts at 150
 PCIE_MAX_GBPS = 100.0
-# A request outside the steps: 10.95 ms in all as fitted (2026-12-01), of which the API
-# server's intake (INTAKE_MS, which queues) and the rest (HTTP out, the first detokenize).
-# INTAKE_MS: vLLM 0.6.0's first token of a 320-prompt burst came 1.05 s after the send on
-# one H100 (LambdaLabsML/vllm-benchmark results/prompt_320, the tp 1 run, a "fit" case),
-# every request at once: about 1.0 s to take 320 requests, a first prefill step after.
-INTAKE_MS = 3.1
-FRONTEND_MS = 10.95 - INTAKE_MS
+# A request outside the steps: the API server's intake (INTAKE_MS and INTAKE_PER_TOKEN_US
+# a prompt token, which queue) and the rest (FRONTEND_MS: HTTP out, the first detokenize),
+# fitted in the joint refit of 2026-12-06. vLLM 0.6.0's first token of a 320-prompt burst
+# came 1.05 s after the send on one H100 (LambdaLabsML/vllm-benchmark results/prompt_320,
+# the tp 1 run, a "fit" case), every request at once, where ten of the same prompts at
+# once on the same host took 62 ms in all (results/prompt_10): 3.1 ms a request for the
+# burst's 194-token prompts, too much for ten of 137. A cost a token fits both (the
+# burst's 62,000 prompt tokens, the ten's 1,369).
+INTAKE_MS = 0.2182
+INTAKE_PER_TOKEN_US = 11.36
+FRONTEND_MS = 16.43
 Z99 = 2.3263478740408408
 
 
@@ -170,6 +183,12 @@ class StepParams:
     (servelab/data/published_llm.toml, docs/llm.md)."""
 
     compute_efficiency: float = COMPUTE_EFFICIENCY
+    # A step's compute side costs this many tokens more than it runs: compute efficiency
+    # compute_efficiency x M / (M + this) for a step of M tokens (0: flat). A decode-only
+    # step pays it too: where its weights are read fast (FP8 weights on an A100, which
+    # computes in BF16) its compute side then binds, which the measurement does not
+    # (docs/llm.md); sparing decode steps lost the A100 bursts' throughput instead
+    compute_ramp_tokens: float = COMPUTE_RAMP_TOKENS
     memory_efficiency: float = MEMORY_EFFICIENCY
     # The KV cache's reads apart from the weights': attention gathers the KV per sequence
     # (on an H200 PyTorch's kernels read it at 0.46-0.62 of HBM bandwidth,
@@ -198,6 +217,8 @@ class StepParams:
     # beside frontend_ms; 0: none (open loops only: a closed loop's few clients never
     # wait on it).
     intake_ms: float = INTAKE_MS
+    # and this much more for each token of its prompt (parsing, tokenizing)
+    intake_per_token_us: float = INTAKE_PER_TOKEN_US
 
     @property
     def kv_read_efficiency(self) -> float:
@@ -207,6 +228,8 @@ class StepParams:
 
     def check(self) -> None:
         for name, v, lo, hi in (("--compute-efficiency", self.compute_efficiency, 1e-3, 1.0),
+                                ("--compute-ramp-tokens", self.compute_ramp_tokens, 0.0,
+                                 100_000.0),
                                 ("--memory-efficiency", self.memory_efficiency, 1e-3, 1.0),
                                 ("--kv-memory-efficiency", self.kv_read_efficiency, 1e-3,
                                  1.0),
@@ -222,30 +245,34 @@ class StepParams:
                                 ("--link-efficiency", self.link_efficiency, 1e-3, 1.0),
                                 ("--pp-hop-ms", self.pp_hop_ms, 0.0, 1000.0),
                                 ("--frontend-ms", self.frontend_ms, 0.0, 60_000.0),
-                                ("--intake-ms", self.intake_ms, 0.0, 1000.0)):
+                                ("--intake-ms", self.intake_ms, 0.0, 1000.0),
+                                ("--intake-per-token-us", self.intake_per_token_us, 0.0,
+                                 10_000.0)):
             if math.isnan(v) or not lo <= v <= hi:
                 raise invalid(name, v, f"a number from {lo:g} to {hi:g}",
                               f"give {name} within that range")
 
 
-def intake_times(arrival_s: np.ndarray, cost_s: float) -> np.ndarray:
+def intake_times(arrival_s: np.ndarray, cost_s: float | np.ndarray) -> np.ndarray:
     """When each request reaches the engine through an API server's one event loop: the
-    loop takes requests in arrival order, `cost_s` each (HTTP, tokenizing), and every
-    request it took while busy goes on when it is next free, at the end of that busy
-    stretch (each handler runs to its first wait before the engine's task gets a turn).
-    Requests seconds apart go on `cost_s` after they came; a burst of N at once goes on
-    together, N * cost_s later: vLLM 0.6.0's first tokens of a 320-prompt burst came 1.0
-    s after the send on H100 hosts and 1.9-2.4 s on A100 hosts, all at once (docs/llm.md).
-    One pass over the requests in arrival order; the result in the order given."""
+    loop takes requests in arrival order, each for its `cost_s` (one figure, or one a
+    request: HTTP, parsing and tokenizing, which grow with the prompt), and every request
+    it took while busy goes on when it is next free, at the end of that busy stretch (each
+    handler runs to its first wait before the engine's task gets a turn). Requests seconds
+    apart go on their cost after they came; a burst at once goes on together, the sum of
+    its costs later: vLLM 0.6.0's first tokens of a 320-prompt burst came 1.0 s after the
+    send on an H100 host and 1.9-2.4 s on A100 hosts, all at once (docs/llm.md). One pass
+    over the requests in arrival order; the result in the order given."""
     order = np.argsort(arrival_s, kind="stable")
     a = arrival_s[order].astype(np.float64)
+    cost = np.broadcast_to(np.asarray(cost_s, np.float64), a.shape)[order]
     went = np.empty_like(a)
     n, i = a.size, 0
     while i < n:
-        t = float(a[i]) + cost_s  # the loop starts on request i, idle before it
+        t = float(a[i]) + float(cost[i])  # the loop starts on request i, idle before it
         j = i + 1
         while j < n and a[j] <= t:  # came while busy: taken next, then all go on at t
-            t += cost_s
+            t += float(cost[j])
             j += 1
         went[i:j] = t
         i = j
@@ -266,6 +293,7 @@ class StepModel:
     peak_flops: float
     hbm_bytes_per_s: float
     compute_efficiency: float = COMPUTE_EFFICIENCY
+    compute_ramp_tokens: float = 0.0  # the compute side's extra tokens a step
     memory_efficiency: float = MEMORY_EFFICIENCY
     kv_memory_efficiency: float | None = None  # None: memory_efficiency
     overhead_s: float = 0.0005
@@ -285,6 +313,14 @@ class StepModel:
     # token, and the fixed cost of a send; the bytes go over link_bytes_per_s
     hop_bytes_per_token: float = 0.0
     hop_latency_s: float = 0.0
+    # A mixture of experts: of weight_bytes, its routed experts' (per GPU), and the share of
+    # them one token goes to (top-k of E). vLLM's fused MoE kernel reads only the experts
+    # that some token of the step was routed to: with routing spread evenly, an expert is
+    # missed by all of a step's M tokens with chance (1 - k/E)^M, and those bytes are not
+    # read (Mixtral's top-2 of 8 at 2 tokens reads 44% of its experts; DeepSeek-V3's top-8
+    # of 256 at 10 tokens, 27%). Uneven routing touches fewer, so this reads at most.
+    routed_bytes: float = 0.0
+    expert_share: float = 0.0
 
     kind = "roofline"
 
@@ -296,7 +332,12 @@ class StepModel:
         flops = (tokens * self.flops_per_token + attn_context * self.attn_flops_per_context_token
                  + seqs * self.lm_head_flops)
         c = flops / (self.peak_flops * self.compute_efficiency)
-        m = (self.weight_bytes / self.memory_efficiency
+        if tokens and self.compute_ramp_tokens:
+            c *= (tokens + self.compute_ramp_tokens) / tokens
+        weights = self.weight_bytes
+        if self.routed_bytes:
+            weights -= self.routed_bytes * (1.0 - self.expert_share) ** tokens
+        m = (weights / self.memory_efficiency
              + kv_tokens_read * self.kv_bytes_per_token / self.kv_read_efficiency
              ) / self.hbm_bytes_per_s
         if math.isinf(self.overlap):
@@ -368,6 +409,7 @@ class StepModel:
             peak_flops=peak * 1e12,
             hbm_bytes_per_s=g.hbm_bandwidth_tbps * 1e12,
             compute_efficiency=p.compute_efficiency,
+            compute_ramp_tokens=p.compute_ramp_tokens,
             memory_efficiency=p.memory_efficiency,
             kv_memory_efficiency=p.kv_memory_efficiency,
             overhead_s=(p.prefill_first_overhead_ms if prefill_first else p.overhead_ms)
@@ -385,6 +427,10 @@ class StepModel:
             # vLLM sends the hidden state and the residual, bf16, stage to stage
             hop_bytes_per_token=2 * 2.0 * m.hidden_size if spec.pp > 1 else 0.0,
             hop_latency_s=p.pp_hop_ms / 1e3 if spec.pp > 1 else 0.0,
+            routed_bytes=(w / tp * m.routed_expert_parameters / m.num_parameters
+                          if m.num_routed_experts else 0.0),
+            expert_share=(m.experts_per_token / m.num_routed_experts
+                          if m.num_routed_experts else 0.0),
         )
 
 
@@ -1204,7 +1250,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     engine = (llama_cpp_config(spec.max_num_seqs, spec.context_tokens,
                                spec.max_num_batched_tokens) if llama_cpp else cfg)
     req = workload.draw(prefix_hit_share if enable_prefix_caching else 0.0)
-    intake = params.intake_ms > 0 and not workload.max_concurrency
+    intake = (params.intake_ms > 0 or params.intake_per_token_us > 0) and (
+        not workload.max_concurrency)
     which = np.random.default_rng(workload.seed + 1).integers(0, replicas, req.arrival_s.size)
     too_long = ((req.prompt + req.output > max_model_len) if max_model_len
                 else np.zeros(req.arrival_s.size, bool))
@@ -1213,7 +1260,9 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         sel = (which == r) & ~too_long
         if sel.any():
             arrive = req.arrival_s[sel]  # each replica its own API server
-            sub = Requests(intake_times(arrive, params.intake_ms / 1e3) if intake else arrive,
+            cost = (params.intake_ms / 1e3
+                    + req.prompt[sel] * (params.intake_per_token_us / 1e6))
+            sub = Requests(intake_times(arrive, cost) if intake else arrive,
                            req.prompt[sel], req.output[sel], req.prefix_hit[sel])
             parts.append((sel, simulate(sub, engine, model, workload.max_concurrency)))
     n = req.arrival_s.size
@@ -1255,7 +1304,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         overlap = ("the larger" if math.isinf(params.overlap)
                    else f"a {params.overlap:g}-norm")
         notes = ["step time is a roofline with stated efficiencies (compute "
-                 f"{params.compute_efficiency:g}, memory {params.memory_efficiency:g} for "
+                 f"{params.compute_efficiency:g}"
+                 + (f" x M / (M + {params.compute_ramp_tokens:g}) for a step of M tokens"
+                    if params.compute_ramp_tokens else "")
+                 + f", memory {params.memory_efficiency:g} for "
                  f"weights and {params.kv_read_efficiency:g} for the KV cache, "
                  f"{overlap} of the two; {model.overhead_s * 1e3:g} ms a step and "
                  f"{params.per_seq_ms:g} ms a sequence; {params.frontend_ms:g} ms outside "
@@ -1268,8 +1320,11 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                            if spec.tp > 1 else "") + ")"]
         if spec.model.active_parameters:
             notes.append(f"mixture of experts: FLOPs count the "
-                         f"{spec.model.active_parameters / 1e9:.1f}B active parameters, "
-                         f"memory reads all {spec.model.num_parameters / 1e9:.1f}B")
+                         f"{spec.model.active_parameters / 1e9:.1f}B active parameters; "
+                         f"of the {spec.model.num_parameters / 1e9:.1f}B, a step reads "
+                         "the dense ones and the experts its tokens were routed to (top "
+                         f"{spec.model.experts_per_token} of "
+                         f"{spec.model.num_routed_experts}, spread evenly)")
     if spec.pp > 1 and isinstance(model, StepModel):
         notes.append(f"pipeline parallel: {spec.pp} stages of {spec.tp} GPUs a replica, up "
                      f"to {spec.pp} batches in flight (vLLM V1's batch queue), a request in "
@@ -1279,9 +1334,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                         "under Ray, all it cost beyond the stages; one machine's is likely "
                         "far less)" if params.pp_hop_ms == PP_HOP_MS else ""))
     if intake:
-        notes.append(f"the API server takes each request for {params.intake_ms:g} ms on one "
-                     "event loop before the engine sees it; requests that come while it is "
-                     "busy wait and go on together (N at once: N x that)")
+        notes.append(f"the API server takes each request for {params.intake_ms:g} ms + "
+                     f"{params.intake_per_token_us:g} us a prompt token on one event loop "
+                     "before the engine sees it; requests that come while it is busy wait "
+                     "and go on together (N at once: the sum of theirs)")
     if spec.defaults:
         notes.append(f"vLLM V1's defaults for {spec.gpu.key} (vllm serve): "
                      + ", ".join(spec.defaults))

@@ -320,7 +320,7 @@ class Profile:
 # Step times come from steps.csv (fitted as validate fitted them) and the KV pool from
 # num_gpu_blocks_override; [llm] model and the GPU only name the deployment;
 # frontend_ms is the time a request spent outside the steps (added to TTFT and E2EL;
-# measured whole, so no intake_ms beside it);
+# measured whole, so no intake beside it);
 # after_prefill_ms the more the first decode steps after a prompt took.
 name = "fitted"
 description = "llm validate's fit of {endpoint}"
@@ -337,6 +337,7 @@ enable_chunked_prefill = true
 enable_prefix_caching = false
 frontend_ms = {self.overhead_ms:.6g}
 intake_ms = 0
+intake_per_token_us = 0
 after_prefill_ms = [{", ".join(f"{x:.6g}" for x in self.after_prefill_ms)}]
 request_rate = {rate:.6g}
 num_requests = 1000
