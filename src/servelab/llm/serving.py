@@ -119,17 +119,18 @@ KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 # with Lambda's ten-prompt H100 runs among the fit cases (25 figures, rms log error 0.043;
 # `--only compute_efficiency compute_ramp_tokens memory_efficiency overhead_ms
 # prefill_first_overhead_ms per_seq_ms intake_ms intake_per_token_us frontend_ms
-# allreduce_latency_us --max-evals 300`, from a first joint fit's values; docs/llm.md). A
-# step of M tokens reaches 0.635 x M / (M + 107) of peak FLOPs: 0.59 for a prefill of
-# 1,369 tokens, 0.43 for a chunk of 200 (attention, norms, activations and sampling beside
-# the GEMMs, which reached 0.69-0.77 alone on an H200, bench/device/results/); weights and
-# KV are read at 0.86 of HBM bandwidth (the GEMMs: 0.71-0.82). Fitted free within 1-8
+# allreduce_latency_us --max-evals 300`, started near a first joint fit's values;
+# docs/llm.md). A step of M tokens reaches 0.635 x M / (M + 107) of peak FLOPs: 0.59 for
+# a prefill of 1,369 tokens, 0.43 for a chunk of 200 (attention, norms, activations and
+# sampling beside the GEMMs, which reached 0.69-0.77 alone on an H200,
+# bench/device/results/); weights and KV are read at 0.86 of HBM bandwidth (the GEMMs:
+# 0.71-0.82). Fitted free within 1-8
 # (2026-12-01), the p-norm's p went to its bound: the larger of the two sides (max) is
 # the default; freed again beside the ramp (2026-12-06) it went to 4 and fitted worse.
 COMPUTE_EFFICIENCY = 0.6349
 COMPUTE_RAMP_TOKENS = 106.6
 MEMORY_EFFICIENCY = 0.8587
-OVERHEAD_MS = 0.873  # a step of vLLM V1 (0.21-0.23), from its batch-1 runs
+OVERHEAD_MS = 0.873  # a step of vLLM V1 (0.21-0.23)
 PREFILL_FIRST_OVERHEAD_MS = 1.98  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
 PER_SEQ_MS = 0.02879
 OVERLAP = math.inf
