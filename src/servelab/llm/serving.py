@@ -124,9 +124,9 @@ KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 # a prefill of 1,369 tokens, 0.43 for a chunk of 200 (attention, norms, activations and
 # sampling beside the GEMMs, which reached 0.69-0.77 alone on an H200,
 # bench/device/results/); weights and KV are read at 0.86 of HBM bandwidth (the GEMMs:
-# 0.71-0.82). Fitted free within 1-8
-# (2026-12-01), the p-norm's p went to its bound: the larger of the two sides (max) is
-# the default; freed again beside the ramp (2026-12-06) it went to 4 and fitted worse.
+# 0.71-0.82). Fitted free within 1-8 (2026-12-01), the p-norm's p went to its bound: the
+# larger of the two sides (max) is the default; freed again beside the ramp (2026-12-06)
+# it went to 4 and fitted worse.
 COMPUTE_EFFICIENCY = 0.6349
 COMPUTE_RAMP_TOKENS = 106.6
 MEMORY_EFFICIENCY = 0.8587
@@ -1261,10 +1261,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         sel = (which == r) & ~too_long
         if sel.any():
             arrive = req.arrival_s[sel]  # each replica its own API server
-            cost = (params.intake_ms / 1e3
-                    + req.prompt[sel] * (params.intake_per_token_us / 1e6))
-            sub = Requests(intake_times(arrive, cost) if intake else arrive,
-                           req.prompt[sel], req.output[sel], req.prefix_hit[sel])
+            if intake:  # the loop's time for each request: its own part and its prompt's
+                arrive = intake_times(arrive, params.intake_ms / 1e3 + req.prompt[sel]
+                                      * (params.intake_per_token_us / 1e6))
+            sub = Requests(arrive, req.prompt[sel], req.output[sel], req.prefix_hit[sel])
             parts.append((sel, simulate(sub, engine, model, workload.max_concurrency)))
     n = req.arrival_s.size
     sent = req.arrival_s.astype(np.float64)
