@@ -75,8 +75,10 @@ def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: st
     it exits while the command runs, or if it stops answering: a CI run of 2026-12-06 had
     it refuse connections in the middle of a validate run's profile, and a clean-clone run
     the same day had it answer 640 requests of a 400/s run and none after, its trace
-    stopped too), run the servelab command argv_for(port) against it, call `before_stop`
-    while it still runs, stop it."""
+    stopped too; a later CI run that day had validate wait on it past 600 s, before
+    validate stopped a run the server answers nothing of for a request's timeout), run
+    the servelab command argv_for(port) against it, call `before_stop` while it still
+    runs, stop it."""
     env = pytriton_env(py)
     for attempt in range(2):
         port = free_port_run(3)  # HTTP, GRPC, metrics
@@ -84,8 +86,15 @@ def run_against_triton(py: str, argv_for: Callable[[int], list[str]], *extra: st
             with server_process([py, str(SERVER), str(port), *extra],
                                 f"http://127.0.0.1:{port}/v2/models/sleep/ready",
                                 timeout_s=120, env=env) as proc:
-                done = subprocess.run([sys.executable, "-m", "servelab", *argv_for(port)],
-                                      capture_output=True, text=True, timeout=timeout_s)
+                try:
+                    done = subprocess.run([sys.executable, "-m", "servelab",
+                                           *argv_for(port)], capture_output=True, text=True,
+                                          timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    if still_answers(port):
+                        raise  # the command's own hang, not the server's
+                    raise StoreError(f"the command ran past {timeout_s:g} s and the server "
+                                     "no longer answers inferences") from None
                 if proc.poll() is not None:  # the server, not the command, failed
                     raise StoreError(f"the server exited (code {proc.returncode}) while "
                                      f"the command ran; it said: {done.stderr[-600:]}")

@@ -95,6 +95,25 @@ def test_multi_step_groups_by_hand():
     assert (plain.e2e_s * 1e3).tolist() == pytest.approx([6.0, 3.5])
 
 
+def test_a_request_done_mid_group_rides_to_its_end_by_hand():
+    """vLLM 0.6's GPU runs a group's K steps on the batch it began with and drops the
+    tokens past max_tokens afterwards (output_processor/multi_step.py), so a request done
+    mid-group still costs each of the group's steps. FLAT plus 1 ms a scheduled sequence,
+    K = 4: A (prompt 100, output 2) and B (100, 6) at 0. Step 1 prefills both (2 + 2 ms:
+    4). A group of 4 decodes from 4: A's last token comes at its first step, but both
+    ride all four (3 ms each: 16), and A is sent at 16. B's last decode, alone, is a
+    group of its own: 2 ms, 18. Were A dropped when done, the group's last three steps
+    would take 2 ms each and B would finish at 15."""
+    model = replace(FLAT, per_seq_s=1e-3)
+    cfg = SchedulerConfig(num_blocks=1000, prefill_first=True, num_scheduler_steps=4)
+    got = simulate_serving(reqs([0.0, 0.0], [100, 100], [2, 6]), cfg, model)
+    assert (got.ttft_s * 1e3).tolist() == pytest.approx([4.0, 4.0])
+    assert (got.e2e_s * 1e3).tolist() == pytest.approx([16.0, 18.0])
+    assert got.steps == 6
+    assert got.decode_tokens == 1 + 5  # A's three dropped tokens are not counted
+    assert got.generated.tolist() == [2, 6]
+
+
 def test_two_pipeline_stages_by_hand():
     """--pipeline-parallel-size 2 (vLLM V1's batch queue), FLAT's times split in two
     stages, a send from the first to the second 0.5 ms, a budget of 100 tokens. A and B

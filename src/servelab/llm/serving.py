@@ -62,8 +62,10 @@ scheduler until a group's steps are done): a step of decodes alone starts a grou
 such steps, during which no prompt is admitted (arrivals wait for the group's end), and
 the tokens a group makes reach the client together at its end (its streams carry K
 tokens a chunk). A prompt step is one step, its first token sent at once. A request
-whose last token comes mid-group leaves the batch then (vLLM computes it to the group's
-end and drops the extra tokens) and is done at the group's end.
+whose last token comes mid-group is done at the group's end and until then stays in the
+batch: the GPU runs the group's K steps on the batch it began with, a token each, and the
+host drops the tokens past max_tokens afterwards (vllm/engine/output_processor/
+multi_step.py, "Truncate to max_tokens if necessary"); its blocks are freed then too.
 With ``pipeline_parallel_size`` pp > 1 (vLLM's --pipeline-parallel-size, V1's scheduler
 only): the layers are in pp stages and, as vLLM V1's ``EngineCore.step_with_batch_queue``
 does, the host schedules a batch and hands it on at once while fewer than pp are in flight;
@@ -852,7 +854,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     backoff = 1
     group = cfg.num_scheduler_steps  # multi-step: decodes in groups of this many steps
     group_left = 0  # steps left in the group under way (no prompt admitted till then)
-    group_done: list[int] = []  # finished within it: sent at the group's end
+    group_done: list[int] = []  # finished within it: computed and sent to the group's end
 
     def land(sched: list[tuple[int, int]]) -> None:
         """A step's new tokens in the cache, at time t: a request whose prompt and output
@@ -868,13 +870,13 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 if g == 1:  # a preempted request recomputes; its first token stays
                     first[i] = t
                 if g >= output[i]:
-                    free += held[i]
-                    held[i] = 0
                     running.remove(i)
                     finished += 1
-                    if group_left:  # sent with the group's tokens, at its end
+                    if group_left:  # computed to the group's end, sent with its tokens
                         group_done.append(i)
                     else:
+                        free += held[i]
+                        held[i] = 0
                         done[i] = t
                         sends.free(t)
 
@@ -886,9 +888,11 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         land(batch)
 
     def end_group() -> None:
-        nonlocal group_left
+        nonlocal group_left, free
         group_left = 0
         for i in group_done:
+            free += held[i]
+            held[i] = 0
             done[i] = t
             sends.free(t)
         group_done.clear()
@@ -989,6 +993,13 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         attn = 0.0
         kv_read = 0.0
         decodes = 0
+        for i in group_done:  # finished mid-group: the GPU decodes them to its end
+            c = computed[i]
+            computed[i] = c + 1
+            tokens += 1
+            attn += c + 1
+            kv_read += c
+            decodes += 1
         for i, new in sched:
             c = computed[i]
             tokens += new
@@ -998,9 +1009,9 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 decodes += 1
             else:
                 prefill_tok += new
-        decode_tok += decodes
-        dt = model.step_s(tokens, attn, kv_read, decodes, len(sched))
-        running_sum += len(running)
+        decode_tok += decodes - len(group_done)  # a finished one's tokens are dropped
+        dt = model.step_s(tokens, attn, kv_read, decodes, len(sched) + len(group_done))
+        running_sum += len(running) + len(group_done)
         if lanes > 1:
             # the host schedules it, then it passes the stages in order, each once the
             # batch ahead has left it; its tokens come back when the last is done
@@ -1018,7 +1029,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             busy += dt
             if group > 1:  # a step of decodes alone starts a group; a prompt step is one
                 group_left = group_left - 1 if in_group else (
-                    group - 1 if decodes == len(sched) else 0)
+                    group - 1 if decodes == len(sched) + len(group_done) else 0)
             land(sched)
             if group > 1 and (not group_left or not running):
                 end_group()  # the group's last step, or nothing left to run in it

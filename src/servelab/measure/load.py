@@ -26,6 +26,7 @@ from servelab.measure.loadgen import (
     constant_offsets,
     http_request,
     poisson_offsets,
+    refuse_silent,
     run_closed_loop,
     run_open_loop,
 )
@@ -263,6 +264,8 @@ def measure_rate(t: Target, bodies: list[bytes | tuple[bytes, int]], rate: float
             res = asyncio.run(run_open_loop(t.host, t.port, reqs, sends,
                                             max_connections=max_connections,
                                             counter=counter))
+        refuse_silent(res, t.base, f"the run at {rate:g}/s" if concurrency is None else
+                      f"the closed loop of {concurrency} clients")
         return res, {"before": edge, "after": {
             "cpu": cpu_times(), "stats": server_stats(t),
             "around": around() if around is not None else None}}

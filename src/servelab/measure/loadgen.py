@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from servelab.errors import InputError
+from servelab.errors import InputError, StoreError
 from servelab.measure.gaps import answer_gaps
 
 MAX_REQUESTS = 2_000_000
@@ -200,16 +200,64 @@ _TRANSPORT = (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitO
               ValueError, IndexError, _AnswerTooLargeError, _MalformedAnswerError)
 
 
+NOT_SENT = "not sent: the server had answered nothing for a request's timeout"
+
+
+class Silence:
+    """Whether the server has gone silent: a request timed out and nothing (an answer,
+    an error, a refused connection) came back for a whole request timeout before it. A
+    run stops sending then, and counts what it did not send under NOT_SENT: a server
+    that hangs would otherwise hold each request for the timeout, one client's closed
+    loop of 30 requests 15 minutes (a CI run of 2026-12-06 saw PyTriton's Triton stop
+    answering in the middle of validate's profile, and validate ran past 10 minutes)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.last_ns = time.monotonic_ns()
+        self.silent = False
+
+    def heard(self, timed_out: bool) -> None:
+        now = time.monotonic_ns()
+        if not timed_out:
+            self.last_ns = now
+        elif now - self.last_ns >= self.timeout_ns:
+            self.silent = True
+
+
+def not_sent(res: LoadResult) -> int:
+    """Requests a run did not send because the server had gone silent (Silence)."""
+    return res.errors.get(NOT_SENT, 0)
+
+
+def refuse_silent(res: LoadResult, url: str, what: str, timeout_s: float = 30.0) -> None:
+    """A clear error for a run the server stopped answering: its figures would be the
+    timeouts', not the server's."""
+    if skipped := not_sent(res):
+        raise StoreError(
+            f"--url = {url}: the server answered nothing for {timeout_s:g} s during "
+            f"{what}; {skipped:,} of {res.status.size:,} requests were not sent (errors "
+            f"by reason: {dict(res.errors)}); fix: check the server's log, it may have hung")
+
+
 async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
-                    timeout_s: float, errors: dict[str, int]) -> tuple[int, Conn | None]:
+                    timeout_s: float, errors: dict[str, int], silence: Silence | None = None
+                    ) -> tuple[int, Conn | None]:
     """One request on a keep-alive connection (opened if None): (HTTP status or 0, the
-    connection to reuse, or None when it broke). Errors are counted by reason."""
-    try:
+    connection to reuse, or None when it broke). Errors are counted by reason. The
+    timeout covers the connection's opening too (a full listen queue holds a connect
+    for minutes)."""
+    async def exchange() -> int:
+        nonlocal conn
         if conn is None:
             conn = await asyncio.open_connection(host, port)
         conn[1].write(request)
-        code = await asyncio.wait_for(_read_response(conn[0]), timeout_s)
+        return await _read_response(conn[0])
+
+    try:
+        code = await asyncio.wait_for(exchange(), timeout_s)
     except _TRANSPORT as exc:
+        if silence is not None:
+            silence.heard(isinstance(exc, asyncio.TimeoutError))
         kind = ("timeout" if isinstance(exc, asyncio.TimeoutError) else
                 f"answer over {MAX_ANSWER_BYTES:,} bytes"
                 if isinstance(exc, _AnswerTooLargeError) else MALFORMED_HEAD
@@ -218,6 +266,8 @@ async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
         if conn is not None:
             conn[1].close()
         return 0, None
+    if silence is not None:
+        silence.heard(False)
     if code == NOT_AN_ANSWER:
         errors["HTTP 200 without a v2 answer"] = errors.get("HTTP 200 without a v2 answer",
                                                             0) + 1
@@ -264,12 +314,19 @@ async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: 
             conn[1].close()
         return None
 
+    silence = Silence(timeout_s)
+
     async def one(i: int) -> None:
         async with slots:
             now = time.monotonic_ns()
             sent[i] = now - t0
+            if silence.silent:
+                done[i] = sent[i]
+                errors[NOT_SENT] = errors.get(NOT_SENT, 0) + 1
+                counter[0] += 1
+                return
             code, conn = await _exchange(host, port, reuse(now), requests[i % len(requests)],
-                                         timeout_s, errors)
+                                         timeout_s, errors, silence)
             end = time.monotonic_ns()
             status[i] = code
             if conn is not None:
@@ -333,15 +390,16 @@ async def run_closed_loop(host: str, port: int, requests: list[bytes], concurren
     errors: dict[str, int] = {}
     next_i = [0]
     t0 = time.monotonic_ns()
+    silence = Silence(timeout_s)
 
     async def client() -> None:
         conn: Conn | None = None
-        while next_i[0] < n:
+        while next_i[0] < n and not silence.silent:
             i = next_i[0]
             next_i[0] += 1
             intended[i] = time.monotonic_ns() - t0
             status[i], conn = await _exchange(host, port, conn, requests[i % len(requests)],
-                                              timeout_s, errors)
+                                              timeout_s, errors, silence)
             done[i] = time.monotonic_ns() - t0
             if counter is not None:
                 counter[0] += 1
@@ -350,4 +408,7 @@ async def run_closed_loop(host: str, port: int, requests: list[bytes], concurren
 
     with paused_gc():
         await asyncio.gather(*(client() for _ in range(concurrency)))
+    if next_i[0] < n:  # the server went silent: the rest are accounted as not sent
+        intended[next_i[0]:] = done[next_i[0]:] = time.monotonic_ns() - t0
+        errors[NOT_SENT] = n - next_i[0]
     return LoadResult(intended, intended.copy(), done, status, errors, t0)

@@ -80,6 +80,7 @@ from servelab.measure.loadgen import (
     LoadResult,
     http_request,
     poisson_offsets,
+    refuse_silent,
     run_closed_loop,
     run_open_loop,
 )
@@ -486,6 +487,7 @@ def _closed(t: Target, bodies: list[bytes], clients: int, n: int) -> Any:
     would fit the simulator to failures)."""
     reqs = [http_request(t.host, t.port, f"/v2/models/{t.model}/infer", b) for b in bodies]
     res = asyncio.run(run_closed_loop(t.host, t.port, reqs, clients, n))
+    refuse_silent(res, t.base, f"the profile's closed loop of {clients} client(s)")
     if n and not (res.status == 200).any():
         raise StoreError(f"--url = {t.base}: none of {n} requests to {t.model!r} was "
                          f"answered; errors by reason: {cut(str(dict(res.errors)), 200)}; "
@@ -564,6 +566,7 @@ def profile_server(t: Target, meta: dict[str, Any], sp: ServerPolicy, *,
     offsets = poisson_offsets(OUTSIDE_RATE, outside_n, seed)
     s0 = server_stats(t)
     res = asyncio.run(run_open_loop(t.host, t.port, reqs, offsets))
+    refuse_silent(res, t.base, f"the profile's low-load run ({OUTSIDE_RATE:g}/s)")
     s1 = server_stats(t)
     lat = res.latency_ms
     if lat.size == 0:
