@@ -6,8 +6,10 @@ counted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -32,10 +34,12 @@ def head(*lines: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\n" + b"".join(x + b"\r\n" for x in lines) + b"\r\n"
 
 
-async def serve_and_load(bad_every: int, n: int) -> tuple[np.ndarray, dict[str, int], int]:
-    """A server whose every `bad_every`-th answer names no header for its length (as
-    Triton 2.51's once did: `: 184`), the rest good; `n` requests over one connection
-    at a time. The answers' statuses, the errors by reason, the connections opened."""
+@contextlib.asynccontextmanager
+async def serving(answer: Callable[[int], Awaitable[bytes | None]]
+                  ) -> AsyncIterator[tuple[int, list[int]]]:
+    """A loopback HTTP server that reads each request whole and writes what
+    `answer(k)` gives for the k-th (1-based; None: nothing). Yields its port and a
+    one-item list counting the connections it took."""
     count, conns = [0], [0]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -47,18 +51,28 @@ async def serve_and_load(bad_every: int, n: int) -> tuple[np.ndarray, dict[str, 
                               if x.lower().startswith(b"content-length:"))
                 await reader.readexactly(length)
                 count[0] += 1
-                name = b": " if count[0] % bad_every == 0 else b"Content-Length: "
-                writer.write(head(b"Content-Type: application/json",
-                                  name + str(len(GOOD)).encode()) + GOOD)
-                await writer.drain()
+                if (out := await answer(count[0])) is not None:
+                    writer.write(out)
+                    await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     async with server:
+        yield server.sockets[0].getsockname()[1], conns
+
+
+async def serve_and_load(bad_every: int, n: int) -> tuple[np.ndarray, dict[str, int], int]:
+    """A server whose every `bad_every`-th answer names no header for its length (as
+    Triton 2.51's once did: `: 184`), the rest good; `n` requests over one connection
+    at a time. The answers' statuses, the errors by reason, the connections opened."""
+    async def answer(k: int) -> bytes:
+        name = b": " if k % bad_every == 0 else b"Content-Length: "
+        return head(b"Content-Type: application/json", name + str(len(GOOD)).encode()) + GOOD
+
+    async with serving(answer) as (port, conns):
         req = http_request("127.0.0.1", port, "/v2/models/m/infer", b'{"inputs": []}')
         res = await run_open_loop("127.0.0.1", port, [req],
                                   np.arange(1, n + 1) * 0.002, max_connections=1)
@@ -84,29 +98,13 @@ async def load_a_server_that_goes_quiet(answers: int, n: int, *, closed: bool,
     """A server that answers its first `answers` requests (each `delay_s` late) and then
     reads requests without ever answering, as a hung Triton did in CI; `n` requests
     with a 0.3 s timeout, one client (closed) or 50/s (open). The result and its time."""
-    count = [0]
+    async def answer(k: int) -> bytes | None:
+        if k > answers:
+            return None  # read, never answered
+        await asyncio.sleep(delay_s)
+        return head(b"Content-Length: " + str(len(GOOD)).encode()) + GOOD
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                req = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(x.split(b":")[1]) for x in req.split(b"\r\n")
-                              if x.lower().startswith(b"content-length:"))
-                await reader.readexactly(length)
-                count[0] += 1
-                if count[0] > answers:
-                    continue  # read, never answered
-                await asyncio.sleep(delay_s)
-                writer.write(head(b"Content-Length: " + str(len(GOOD)).encode()) + GOOD)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
+    async with serving(answer) as (port, _):
         req = http_request("127.0.0.1", port, "/v2/models/m/infer", b'{"inputs": []}')
         t0 = time.monotonic()
         res = await (run_closed_loop("127.0.0.1", port, [req], 1, n, timeout_s=0.3) if closed
