@@ -300,6 +300,10 @@ async def probe(session: aiohttp.ClientSession, ep: Endpoint, prompt: str, *,
     return out
 
 
+# a request not sent because the server had gone silent (run_step), as in measure/loadgen
+NOT_SENT_SILENT = "not sent: the server had sent nothing for a request's timeout"
+
+
 async def run_step(session: aiohttp.ClientSession, ep: Endpoint, requests: list[LlmRequest],
                    plan: LoadPlan, *, seed: int, timeout_s: float, ignore_eos: bool,
                    counter: list[int] | None = None) -> RunRecords:
@@ -318,19 +322,42 @@ async def run_step(session: aiohttp.ClientSession, ep: Endpoint, requests: list[
     slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
     url = ep.base + ep.path
     t0 = 0
+    silent = [False]
+
+    def went_silent(now: int) -> bool:
+        """Nothing from the server (a chunk, an answer, an error) for a whole timeout."""
+        heard = max((max(o.chunk_ns[-1] if o.chunk_ns else 0,
+                         o.done_ns if o.done_ns and not o.error.startswith("timeout") else 0)
+                     for o in outs), default=0)
+        return now - max(heard, t0) >= timeout_s * 1e9
 
     async def one(i: int) -> None:
         async with slots if slots is not None else contextlib.nullcontext():
-            if slots is not None:  # waited for a slot: intended is when it freed, if later
-                eff_intended[i] = max(intended[i], time.monotonic_ns() - t0)
-            await stream_one(session, url, bodies[i], max_tokens=requests[i].max_tokens,
-                             timeout_s=timeout_s, max_bytes=MAX_RESPONSE_BYTES, out=outs[i])
+            out = outs[i]
+            if silent[0]:  # the server has gone silent: not sent, counted as such
+                out.sent_ns = out.done_ns = time.monotonic_ns()
+                out.error = NOT_SENT_SILENT
+            else:
+                if slots is not None:  # waited for a slot: intended is when it freed
+                    eff_intended[i] = max(intended[i], time.monotonic_ns() - t0)
+                await stream_one(session, url, bodies[i], max_tokens=requests[i].max_tokens,
+                                 timeout_s=timeout_s, max_bytes=MAX_RESPONSE_BYTES, out=out)
+                if out.error.startswith("timeout") and went_silent(time.monotonic_ns()):
+                    silent[0] = True
         if counter is not None:
             counter[0] += 1
 
     with paused_gc():
         t0 = time.monotonic_ns()
         await send_on_schedule(intended, t0, one)
+    if silent[0]:
+        skipped = sum(o.error == NOT_SENT_SILENT for o in outs)
+        served = sum(not o.error for o in outs)
+        raise StoreError(
+            f"--url {ep.base}{ep.path}: the server sent nothing on any stream for "
+            f"{timeout_s:g} s (the request timeout); {served:,} of {n:,} requests were "
+            f"served and {skipped:,} not sent; fix: check the server's log, it may have "
+            "hung")
     return RunRecords(
         intended_ns=eff_intended,
         sent_ns=np.array([o.sent_ns - t0 for o in outs], np.int64),
