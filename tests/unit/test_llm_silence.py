@@ -95,3 +95,11 @@ def test_silence_is_judged_from_the_last_thing_heard(answers):  # type: ignore[n
     assert isinstance(got, StoreError)
     assert f"{answers} of 12 requests were served" in str(got)
     assert took < 3.0
+
+
+def test_silence_found_after_every_request_is_out_leaves_each_its_own_reason():
+    """All four sent at once to a server that never answers: nothing is left to hold
+    back, so the step returns, each request a timeout (no error for the step)."""
+    got, _ = asyncio.run(load(0, 4, concurrency=4))
+    assert not isinstance(got, StoreError), got
+    assert list(got.errors) == ["timeout after 0.3 s"] * 4  # type: ignore[attr-defined]
