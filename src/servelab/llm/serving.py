@@ -1029,7 +1029,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             busy += dt
             if group > 1:  # a step of decodes alone starts a group; a prompt step is one
                 group_left = group_left - 1 if in_group else (
-                    group - 1 if decodes == len(sched) + len(group_done) else 0)
+                    group - 1 if decodes == len(sched) else 0)  # (no riders between groups)
             land(sched)
             if group > 1 and (not group_left or not running):
                 end_group()  # the group's last step, or nothing left to run in it

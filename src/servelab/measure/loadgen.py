@@ -27,6 +27,7 @@ from servelab.measure.gaps import answer_gaps
 
 MAX_REQUESTS = 2_000_000
 MAX_IDLE_NS = 1_000_000_000  # a keep-alive connection idle longer is not reused
+TIMEOUT_S = 30.0  # a request's, by default: the loops' and refuse_silent's
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +230,7 @@ def not_sent(res: LoadResult) -> int:
     return res.errors.get(NOT_SENT, 0)
 
 
-def refuse_silent(res: LoadResult, url: str, what: str, timeout_s: float = 30.0) -> None:
+def refuse_silent(res: LoadResult, url: str, what: str, timeout_s: float = TIMEOUT_S) -> None:
     """A clear error for a run the server stopped answering: its figures would be the
     timeouts', not the server's."""
     if skipped := not_sent(res):
@@ -278,7 +279,7 @@ async def _exchange(host: str, port: int, conn: Conn | None, request: bytes,
 
 
 async def run_open_loop(host: str, port: int, requests: list[bytes], offsets_s: np.ndarray,
-                        *, max_connections: int = 256, timeout_s: float = 30.0,
+                        *, max_connections: int = 256, timeout_s: float = TIMEOUT_S,
                         counter: list[int] | None = None) -> LoadResult:
     """Send requests[i % len(requests)] at offsets_s[i] seconds from now; wait for all.
     `counter[0]` counts answers as they come (for a progress bar)."""
@@ -379,7 +380,7 @@ async def send_on_schedule(intended_ns: np.ndarray, t0: int,
 
 
 async def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: int,
-                          n: int, *, timeout_s: float = 30.0,
+                          n: int, *, timeout_s: float = TIMEOUT_S,
                           counter: list[int] | None = None) -> LoadResult:
     """`concurrency` clients, each sending its next request when the last is answered,
     `n` requests in all (perf_analyzer's --concurrency-range mode). Latency counts from
