@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--start", nargs="+", metavar="NAME=VALUE", default=[],
                     help="start from these values instead of the defaults (e.g. "
                          "compute_ramp_tokens=0 overlap=3); with --table, print for them")
+    ap.add_argument("--one-roofline", action="store_true",
+                    help="one roofline over GEMMs and attention together (the step model's "
+                         "form until 2026-12-07) instead of one each, added")
     a = ap.parse_args()
     known = {n for n, _, _ in BOUNDS}
     start = {}
@@ -56,7 +59,7 @@ def main() -> None:
             start[name] = float(value)
         except ValueError:
             ap.error(f"--start {item}: the value must be a number")
-    params = replace(StepParams(), **start)
+    params = replace(StepParams(), **start, attention_apart=not a.one_roofline)
     if not a.table:
         t0 = time.perf_counter()
 

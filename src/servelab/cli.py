@@ -475,7 +475,8 @@ def llm_fit(
         raise invalid("RESULTS", f"{len(results)} files", f"at most {MAX_RUNS} runs",
                       "fit on fewer loads")
     runs = [run_from_vllm_result(p, spec, opts["prefill_first"],
-                                 num_scheduler_steps=opts["num_scheduler_steps"])
+                                 num_scheduler_steps=opts["num_scheduler_steps"],
+                                 sglang=opts["sglang"])
             for p in results]
     res = fit(runs, opts["step_params"], max_evals=max_evals)
     rows: list[dict[str, Any]] = [{"run": r.label, "figure": f, "measured": v, "fitted": pred[f],

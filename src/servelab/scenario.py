@@ -784,12 +784,16 @@ class LlmPool:
         "admitted and tokens sent only between groups (1: none; V1 has none).",
         unit="steps", flags=("--num-scheduler-steps",))
     # The engine's step loop: "v1" (vLLM V1: decodes and prompt chunks in one step),
-    # "prefill-first" (vLLM V0 without chunked prefill, SGLang: prompts run alone) or
-    # "llama.cpp" (its server's slots and ubatches, llm/llama_cpp.py)
-    scheduler: str = spec("v1", _choice("v1", "prefill-first", "llama.cpp"),
+    # "prefill-first" (vLLM V0 without chunked prefill: prompts run alone), "sglang"
+    # (prompts alone, SGLang 0.3's admission and retraction) or "llama.cpp" (its server's
+    # slots and ubatches, llm/llama_cpp.py)
+    scheduler: str = spec("v1", _choice("v1", "prefill-first", "sglang", "llama.cpp"),
                           "The engine's step loop: v1 (vLLM V1, mixed steps), prefill-first "
-                          "(vLLM V0 without chunked prefill, SGLang) or llama.cpp (its "
-                          "server: max_num_seqs slots of context_tokens each, n_batch "
+                          "(vLLM V0 without chunked prefill), sglang (SGLang 0.3: prompts "
+                          "alone, admitted while the KV cache holds them, their max_tokens "
+                          "and the running requests' remaining max_tokens x "
+                          "new_token_ratio; a full cache retracts requests) or llama.cpp "
+                          "(its server: max_num_seqs slots of context_tokens each, n_batch "
                           "max_num_batched_tokens, ubatches of 512) ([llm] scheduler, "
                           "default v1).",
                           flags=("--scheduler",))

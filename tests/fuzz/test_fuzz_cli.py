@@ -235,7 +235,8 @@ SMALL = {("simulate",): ["--num-requests", "3000"], ("plan",): ["--num-requests"
 
 # A flag whose good values text seldom hits: those as well, so each engine meets the
 # other flags' bad values (llama.cpp's rule among them)
-FLAG_VALUES = {"--scheduler": st.one_of(st.sampled_from(["v1", "prefill-first", "llama.cpp"]),
+FLAG_VALUES = {"--scheduler": st.one_of(st.sampled_from(["v1", "prefill-first", "sglang",
+                                                        "llama.cpp"]),
                                         text_values)}
 
 

@@ -178,3 +178,8 @@ def test_llm_simulate_takes_pipeline_parallel_stages():
     assert bad.returncode == 1
     assert "Traceback" not in bad.stderr
     assert "--pipeline-parallel-size = 2: expected 1 with the prefill-first" in bad.stderr
+    for flags in (("--pp", "2"), ("--num-scheduler-steps", "2")):
+        bad = run("llm", "simulate", "--scheduler", "sglang", *flags)
+        assert bad.returncode == 1
+        assert "Traceback" not in bad.stderr
+        assert "--scheduler = 'sglang': expected prompts alone" in bad.stderr, bad.stderr

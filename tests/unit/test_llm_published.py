@@ -29,13 +29,9 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # out short (its TPOT grew 46% from 1/s to 4/s, the model's 15%). A p-norm in place of
     # the max, fitted beside the rest, went to p = 4 and fitted worse.
     ("sglang-70b-h100tp4-r8", "tpot_p50_ms"): 0.25,
-    ("vllm060-70b-h100tp4-r4", "ttft_p50_ms"): 0.20,
+    ("vllm060-70b-h100tp4-r4", "ttft_p50_ms"): 0.25,
     ("vllm060-70b-h100tp4-r8", "ttft_p50_ms"): 0.30,
     ("vllm-70b-a100-40-tp4pp2-r4", "tpot_p50_ms"): 0.25,
-    # vLLM 0.6.0's 5,000 prompts at once on 70B over four H100s: the fitted intake a
-    # prompt token (11.4 us, 2.4 ms for the sample's mean prompt of 194) gives it 12 s of
-    # start where the one figure of 3.1 ms a request gave 16 s
-    ("vllm060-70b-h100tp4-inf", "output_tokens_per_s"): 0.20,
     # Mixtral 8x7B, ten prompts at once over two A100s: the first tokens came 1.71 s after
     # the send, 11 times the model's TTFT (152 ms with the prefill of the 1,585 tokens);
     # its decode steps (TPOT -3%) fit. The cause is not known (the MoE kernels' first use
@@ -45,6 +41,10 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
     # ms on 8B), where the model runs the prefill at the FP8 peak, twice BF16's
     ("vllm060-8b-fp8-h100-tp1-10", "ttft_p50_ms"): 0.20,
     ("vllm060-70b-fp8-h100-tp1-10", "ttft_p50_ms"): 0.35,
+    # and its ten decodes: the model reads the FP8 weights at the BF16 ones' efficiency,
+    # the measured step is 18% longer (-14.8% until the refit of 2026-12-07, whose step
+    # overhead for vLLM 0.6.0 and SGLang fell from 1.98 to 1.69 ms)
+    ("vllm060-70b-fp8-h100-tp1-10", "tpot_p50_ms"): 0.20,
     # and on an A100 (FP8 weights, BF16 compute through Marlin) the ramp's compute for a
     # decode step of ten binds where the halved weights no longer do: TPOT +40%
     ("vllm060-8b-fp8-a100-tp1-10", "tpot_p50_ms"): 0.45,
@@ -52,6 +52,10 @@ KNOWN_MISSES: dict[tuple[str, str], float] = {
 # Fit figures the fit leaves more than 15% off, and the bound each holds (why: above)
 FIT_MISSES: dict[tuple[str, str], float] = {
     ("sglang-8b-a100-r4", "ttft_p50_ms"): 0.30,
+    # SGLang's 5,000 prompts at once on 70B over four H100s, at its own batch (about 850
+    # running, since 2026-12-07): the model's step at that batch is short. vLLM's 256 on
+    # the same GPUs comes out +11%, and 850 on one A100 (8B) +0.7%
+    ("sglang-70b-h100tp4-inf", "output_tokens_per_s"): 0.25,
 }
 
 
@@ -68,7 +72,7 @@ def test_every_case_names_its_source_engine_and_use():
         assert c.source, c.id
         assert c.engine, c.id
         assert c.use in ("fit", "hold-out"), c.id
-        assert c.scheduler in ("v1", "prefill-first"), c.id
+        assert c.scheduler in ("v1", "prefill-first", "sglang"), c.id
         assert c.figures() or c.not_modelled, c.id
         for fig in c.not_modelled:
             assert fig in c.measured, (c.id, fig)

@@ -95,6 +95,42 @@ def test_multi_step_groups_by_hand():
     assert (plain.e2e_s * 1e3).tolist() == pytest.approx([6.0, 3.5])
 
 
+def test_sglangs_admission_and_retraction_by_hand():
+    """SGLang 0.3 (--scheduler sglang), FLAT's 1 ms steps, a cache of 100 tokens (blocks
+    of 1). A, B, C, D (prompt 10, output 20) at 0. Step 1 admits A, B and C: each counts
+    its prompt and whole output (30), and D's 30 more would reach the cache's 100. Step 2:
+    the running three hold back 0.7 x 19 each (39.9), so D fits the 70 free (69.9) and
+    prefills alone; its first token at 2. The four decode from 2, 4 tokens a step: at 17
+    the cache is full. SGLang retracts the requests with the fewest output tokens (all
+    16; the last admitted first) until the rest have room for 20 steps each: D (25
+    free, short of 60 for three), then C (50 free, 40 for two). A and B finish at 21.
+    D and C, at the back of the queue, wait for the room their 26 tokens and 20 of output
+    need beside A's and B's remaining output (at ratio 1.0 after the retraction); with
+    nothing running at 21 both come in, recompute 26 tokens each (1 ms) and finish
+    three steps later, at 25. vLLM's admission takes all four at 0 and preempts D alone."""
+    cfg = SchedulerConfig(num_blocks=100, block_size=1, prefill_first=True,
+                          reserve_output=True)
+    r = reqs([0.0] * 4, [10] * 4, [20] * 4)
+    got = simulate_serving(r, cfg, FLAT)
+    assert (got.ttft_s * 1e3).tolist() == pytest.approx([1.0, 1.0, 1.0, 2.0])
+    assert (got.e2e_s * 1e3).tolist() == pytest.approx([21.0, 21.0, 25.0, 25.0])
+    assert got.preemptions.tolist() == [0, 0, 1, 1]
+    assert got.steps == 25
+    assert got.generated.tolist() == [20] * 4
+    assert got.kv_blocks.max() <= 100
+    vllm = simulate_serving(r, replace(cfg, reserve_output=False), FLAT)
+    assert (vllm.ttft_s * 1e3).tolist() == pytest.approx([1.0] * 4)
+    assert vllm.preemptions.tolist() == [0, 0, 0, 1]
+
+
+def test_sglangs_loop_is_prompts_alone_one_step_at_a_time():
+    for bad in ({"prefill_first": False}, {"num_scheduler_steps": 2}):
+        with pytest.raises(InputError, match=r"--scheduler = 'sglang': expected prompts alone"):
+            simulate_serving(reqs([0.0], [10], [2]), SchedulerConfig(
+                **{"num_blocks": 100, "prefill_first": True, "reserve_output": True,
+                   **bad}), FLAT)
+
+
 def test_a_request_done_mid_group_rides_to_its_end_by_hand():
     """vLLM 0.6's GPU runs a group's K steps on the batch it began with and drops the
     tokens past max_tokens afterwards (output_processor/multi_step.py), so a request done
@@ -314,17 +350,19 @@ def _out_at_once(sent: np.ndarray, end: np.ndarray) -> int:
 @settings(max_examples=120, deadline=None)
 @given(n=st.integers(1, 40), blocks=st.integers(1, 300), block=st.sampled_from([1, 4, 16]),
        seqs=st.integers(1, 8), budget=st.integers(1, 512), chunked=st.booleans(),
-       prefix=st.booleans(), seed=st.integers(0, 10_000), clients=st.integers(0, 6))
+       prefix=st.booleans(), seed=st.integers(0, 10_000), clients=st.integers(0, 6),
+       loop=st.sampled_from(["v1", "prefill-first", "sglang"]))
 def test_every_request_is_served_or_counted_and_the_pool_holds(n, blocks, block, seqs,
                                                               budget, chunked, prefix, seed,
-                                                              clients):
+                                                              clients, loop):
     rng = np.random.default_rng(seed)
     req = reqs(np.sort(rng.uniform(0, 0.05, n)), rng.integers(1, 200, n),
                rng.integers(1, 50, n), rng.random(n) < 0.5)
     cfg = SchedulerConfig(num_blocks=blocks, block_size=block, max_num_seqs=seqs,
                           max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
                           enable_prefix_caching=prefix, prefix_tokens=32,
-                          prefix_hit_share=0.5)
+                          prefix_hit_share=0.5, prefill_first=loop != "v1",
+                          reserve_output=loop == "sglang")
     r = simulate_serving(req, cfg, FLAT, max_concurrency=clients)
     served = ~r.rejected
     assert np.isfinite(r.e2e_s[served]).all()  # every request finishes or is counted
@@ -350,9 +388,10 @@ KV_READS = StepModel(weight_bytes=1e9, kv_bytes_per_token=2e5, flops_per_token=1
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(1, 40), blocks=st.integers(1, 300), block=st.sampled_from([1, 4, 16]),
        seqs=st.integers(1, 8), budget=st.integers(1, 512), chunked=st.booleans(),
-       first=st.booleans(), prefix=st.booleans(), seed=st.integers(0, 10_000),
-       clients=st.integers(0, 6), span=st.sampled_from([0.0, 0.05, 1.0]))
-def test_decode_runs_change_nothing(n, blocks, block, seqs, budget, chunked, first, prefix,
+       loop=st.sampled_from(["v1", "prefill-first", "sglang"]), prefix=st.booleans(),
+       seed=st.integers(0, 10_000), clients=st.integers(0, 6),
+       span=st.sampled_from([0.0, 0.05, 1.0]))
+def test_decode_runs_change_nothing(n, blocks, block, seqs, budget, chunked, loop, prefix,
                                     seed, clients, span):
     """The steps of decodes alone that `simulate_serving` takes at once (its decode runs)
     give what the step-by-step loop gives, to the bit: every request's times, the
@@ -366,7 +405,8 @@ def test_decode_runs_change_nothing(n, blocks, block, seqs, budget, chunked, fir
     cfg = SchedulerConfig(num_blocks=blocks, block_size=block, max_num_seqs=seqs,
                           max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
                           enable_prefix_caching=prefix, prefix_tokens=32,
-                          prefix_hit_share=0.5, prefill_first=first)
+                          prefix_hit_share=0.5, prefill_first=loop != "v1",
+                          reserve_output=loop == "sglang")
     fast = simulate_serving(req, cfg, KV_READS, max_concurrency=clients)
     runs = serving.DECODE_RUN_MIN
     try:
@@ -844,25 +884,27 @@ def test_roofline_against_whole_steps_measured_on_an_h200(name):
     d = json.loads((STEP_RESULTS / f"{name}.json").read_text())
     assert "H200" in d["gpu"]
     assert d.get("attention", True)
-    m = StepModel.roofline(PoolSpec(model=get_model(d["model"]), gpu=get_gpu("H200"),
-                                    tp=d["tp"]))
+    # the GPU's part of the model: the harness does no host work a sequence (no scheduler,
+    # sampling bookkeeping or detokenizing: per_seq_ms, which stands for a serving
+    # engine's), and one GPU ran the shard (no all-reduces)
+    m = replace(StepModel.roofline(PoolSpec(model=get_model(d["model"]), gpu=get_gpu("H200"),
+                                            tp=d["tp"])), per_seq_s=0.0)
     for row in d["rows"]:
         seqs = row["decode_seqs"] + (1 if row["prefill_tokens"] else 0)
-        # one GPU ran the shard: no all-reduces in the measurement
         predicted = (m.step_s(row["tokens"], row["attn_context"], row["kv_tokens_read"],
                               row["decode_seqs"], seqs) - m.allreduce_s(row["tokens"])) * 1e3
         ratio = predicted / row["median_ms"]
         if row["kind"] == "prefill" and row["prefill_tokens"] >= 512:
             # compute-bound: these plain-PyTorch whole steps reached 0.45-0.53 of peak;
-            # the model's 0.635 x M / (M + 107), refitted 2026-12-06 with vLLM's ten-prompt
-            # runs (a 1,369-token prefill near 0.6), is 26% below to 7% above them
+            # the model's 0.638 x M / (M + 111) for the GEMMs (refitted 2026-12-07 with
+            # vLLM's ten-prompt runs among the fit: a 1,369-token prefill near 0.6) and
+            # attention apart is 26% below to 7% above them
             assert 0.7 <= ratio <= 1.1, (row, predicted)
         if row["kind"] == "decode":
-            # memory-bound: PyTorch's attention read the KV at about half of HBM
-            # bandwidth and its small kernels add 1-2 ms a step; the model (0.86 of HBM,
-            # 0.87 ms a step, the ramp's compute at 256+ sequences) is 42% below to 35%
-            # above
-            assert 0.55 <= ratio <= 1.4, (row, predicted)
+            # PyTorch's attention read the KV at about half of HBM bandwidth and its small
+            # kernels add 1-2 ms a step; the model (0.86 of HBM, 0.88 ms a step, the ramp's
+            # compute at 256+ sequences) is 43% below to 9% above
+            assert 0.55 <= ratio <= 1.15, (row, predicted)
 
 
 def _step_rows(name: str) -> dict[tuple, dict]:
@@ -904,16 +946,54 @@ def test_a_split_kv_attention_kernel_reads_the_kv_as_fast_as_the_model_charges()
     assert min(split_kv) <= StepParams().kv_read_efficiency <= max(split_kv)
 
 
+def test_attention_adds_its_kv_read_to_the_gemms_as_measured():
+    """A layer runs its GEMMs, then its attention: the two kernels' times add. Measured on
+    an H200 (the cuDNN split-KV steps less the same steps without attention, 2026-12-04),
+    attention added its KV read at 0.77-0.93 of HBM bandwidth to every decode step, the
+    ones whose GEMMs were compute-bound (256-512 sequences) too: 15.3 ms to a 14.7 ms
+    step at 512 sequences of 1,024 tokens. The model's attention part is within 10% of
+    each of those; under one max() over the sums (the form until 2026-12-07) it was 3-45%
+    of them at 128+ sequences, the KV read riding under the GEMMs' compute."""
+    from servelab.catalog import get_gpu
+    from servelab.llm.kv import PoolSpec
+    from servelab.llm.models import get_model
+
+    cudnn = _step_rows("llama-3.1-8b-tp1-lean-cudnn")
+    bare = _step_rows("llama-3.1-8b-tp1-lean-noattn")
+    spec = PoolSpec(model=get_model("llama-3.1-8b"), gpu=get_gpu("H200"))
+
+    def ratios(params: StepParams) -> dict[tuple, float]:
+        m = StepModel.roofline(spec, params)
+        out = {}
+        for key, row in cudnn.items():
+            if row["kind"] != "decode" or row["kv_tokens_read"] < 65536:
+                continue
+            n = row["decode_seqs"]
+            added = (m.step_s(row["tokens"], row["attn_context"], row["kv_tokens_read"], n, n)
+                     - m.step_s(row["tokens"], 0.0, 0.0, n, n)) * 1e3
+            out[key[1:3]] = added / (row["median_ms"] - bare[key]["median_ms"])
+        return out
+
+    apart = ratios(StepParams())
+    assert len(apart) >= 8
+    assert (512, 1024) in apart
+    assert all(0.88 <= r <= 1.12 for r in apart.values()), apart
+    one = ratios(StepParams(attention_apart=False))
+    assert max(r for (seqs, _), r in one.items() if seqs >= 256) < 0.5, one
+
+
 @pytest.mark.parametrize("name", ["llama-3.1-8b-tp1-lean-cudnn", "llama-3.1-70b-tp2-lean-cudnn",
                                   "llama-3.1-70b-tp4-lean-cudnn"])
 def test_roofline_against_whole_decode_steps_with_split_kv_attention(name):
-    """With a serving engine's attention kernel the model is 32% below to 61% above the
+    """With a serving engine's attention kernel the model's GPU part (less per_seq_ms, the
+    host's work a sequence, which this harness does not do) is 33% below to 14% above the
     whole decode step: short of it where a step is a few sequences (fixed per-layer
-    kernels, 4-6 ms a step on the 70B shards, beyond the 0.87 ms the model charges), over
-    it at 256-512 sequences of short context, where the model turns compute-bound: since
-    the 2026-12-06 refit every step pays the compute ramp (0.635 x M / (M + 107) of peak,
-    0.53 at 512), where these GEMMs ran faster. Sparing decode steps the ramp put the
-    published A100 bursts' throughput 18-24% high instead (docs/llm.md)."""
+    kernels, 4-6 ms a step on the 70B shards, beyond the 0.88 ms the model charges), 2-14%
+    over it at 256-512 sequences, where the model's GEMMs turn compute-bound at the
+    ramp's 0.638 x M / (M + 111) of peak and its attention adds the KV read. With
+    per_seq_ms, as a serving engine is charged, it is up to 84% above; under one max()
+    over GEMMs and attention (until 2026-12-07), 29% below to 8% above at those batches,
+    where its attention added 3-45% of what attention measured (the test above)."""
     import json
 
     from servelab.catalog import get_gpu
@@ -923,8 +1003,8 @@ def test_roofline_against_whole_decode_steps_with_split_kv_attention(name):
     d = json.loads((STEP_RESULTS / f"{name}.json").read_text())
     assert d["attn"] == "cudnn"
     assert "H200" in d["gpu"]
-    m = StepModel.roofline(PoolSpec(model=get_model(d["model"]), gpu=get_gpu("H200"),
-                                    tp=d["tp"]))
+    m = replace(StepModel.roofline(PoolSpec(model=get_model(d["model"]), gpu=get_gpu("H200"),
+                                            tp=d["tp"])), per_seq_s=0.0)
     ratios = []
     for row in d["rows"]:
         if row["kind"] != "decode":
@@ -934,9 +1014,9 @@ def test_roofline_against_whole_decode_steps_with_split_kv_attention(name):
                      - m.allreduce_s(row["tokens"])) * 1e3
         ratios.append(predicted / row["median_ms"])
         if row["decode_seqs"] <= 128:
-            assert 0.65 <= ratios[-1] <= 1.25, (row, predicted)
+            assert 0.65 <= ratios[-1] <= 1.1, (row, predicted)
         else:
-            assert 1.0 <= ratios[-1] <= 1.7, (row, predicted)
+            assert 1.0 <= ratios[-1] <= 1.2, (row, predicted)
     assert len(ratios) >= 17
 
 

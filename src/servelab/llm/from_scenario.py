@@ -62,7 +62,8 @@ def serving_options(s: Scenario, llm: LlmPool) -> dict[str, Any]:
             "enable_prefix_caching": llm.enable_prefix_caching,
             "prefix_tokens": llm.prefix_tokens, "prefix_hit_share": llm.prefix_hit_share,
             "step_profile": step_profile(s, llm), "step_params": StepParams(**given),
-            "prefill_first": llm.scheduler == "prefill-first",
+            "prefill_first": llm.scheduler in ("prefill-first", "sglang"),
+            "sglang": llm.scheduler == "sglang",
             "llama_cpp": llm.scheduler == "llama.cpp", "max_model_len": llm.max_model_len,
             "num_scheduler_steps": llm.num_scheduler_steps}
 

@@ -36,7 +36,7 @@ class Case:
     model: str
     gpu: str
     tp: int
-    scheduler: str  # "prefill-first" or "v1"
+    scheduler: str  # "prefill-first", "sglang" or "v1"
     max_num_batched_tokens: int
     max_num_seqs: int
     gpu_memory_utilization: float
@@ -192,8 +192,8 @@ def to_run(case: Case, seed: int = 0) -> Run:
                  max_concurrency=case.max_concurrency, lengths=_lengths_for(case, seed))
     measured = {f: case.measured[f] for f in case.figures()
                 if f in FIT_FIGURES and case.use_of(f) == "fit"}
-    return Run(case.id, spec, w, case.scheduler == "prefill-first", measured,
-               case.num_scheduler_steps)
+    return Run(case.id, spec, w, case.scheduler in ("prefill-first", "sglang"), measured,
+               case.num_scheduler_steps, sglang=case.scheduler == "sglang")
 
 
 # A published run of a few hundred requests is one draw: its medians move by several

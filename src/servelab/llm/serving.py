@@ -27,15 +27,22 @@ The scheduler (vllm/v1/core/sched/scheduler.py, ``Scheduler.schedule``), as mode
   time or when one of C slots frees (a request finishes or is rejected), whichever is
   later, first come first served; its TTFT and end-to-end latency count from the send.
 
-Step time (``StepModel``), per GPU of a tensor-parallel group:
-  FLOPs = 2 x (parameters - embedding - LM head) / tp per scheduled token
-          + 2 x LM head / tp per sampled token (a decode, or a prompt's last chunk)
-          + 4 x layers x heads x head_dim / tp per (token, context token) of attention
-  bytes = the weights on the GPU, read once per step
-          + each scheduled request's cached context, KV bytes per token per GPU
-  time  = max(FLOPs / (peak x compute_efficiency x M / (M + compute_ramp_tokens)),
-          bytes / (HBM bandwidth x memory_efficiency)) (or their p-norm, `overlap`)
+Step time (``StepModel``), per GPU of a tensor-parallel group, the layers' GEMMs and
+their attention as the separate kernels they are:
+  GEMM FLOPs  = 2 x (parameters - embedding - LM head) / tp per scheduled token
+                + 2 x LM head / tp per sampled token (a decode, or a prompt's last chunk)
+  GEMM bytes  = the weights on the GPU, read once per step
+  attn FLOPs  = 4 x layers x heads x head_dim / tp per (token, context token)
+  attn bytes  = each scheduled request's cached context, KV bytes per token per GPU
+  time  = max(GEMM FLOPs / (peak x compute_efficiency x M / (M + compute_ramp_tokens)),
+              GEMM bytes / (HBM bandwidth x memory_efficiency))
+          + max(attn FLOPs / (peak x compute_efficiency),
+                attn bytes / (HBM bandwidth x memory_efficiency))
           + overhead per step + per_seq per scheduled sequence, for a step of M tokens.
+  Each layer runs its GEMMs and then its attention, so a large decode batch whose GEMMs
+  are compute-bound still pays for reading its KV cache (``attention_apart``; until
+  2026-12-07 one max() over the sums, under which those reads rode free). `overlap`, a
+  p-norm in place of each max(), is held at infinity: the max().
   A mixture of experts counts its active parameters for FLOPs (those a token is routed
   through) and for bytes its dense weights and the experts some token of the step was
   routed to (each missed by M tokens with chance (1 - top_k / experts)^M). With tp > 1,
@@ -66,6 +73,20 @@ whose last token comes mid-group is done at the group's end and until then stays
 batch: the GPU runs the group's K steps on the batch it began with, a token each, and the
 host drops the tokens past max_tokens afterwards (vllm/engine/output_processor/
 multi_step.py, "Truncate to max_tokens if necessary"); its blocks are freed then too.
+With ``reserve_output`` (SGLang 0.3's loop, ``--scheduler sglang``; with prefill_first):
+SGLang reserves room for what its running requests will still write. A waiting prompt
+comes in only while its prompt and whole output, the ones admitted before it in this
+step likewise, and the running requests' remaining output x ``new_token_ratio`` fit
+below the free cache (sglang/srt/managers/tp_worker.py ``get_new_prefill_batch``,
+policy_scheduler.py ``PrefillAdder``); into an empty cache one comes anyway. The ratio is
+0.7 at the start and when idle, and falls 0.001 a decode step to 0.1. A decode step whose
+tokens do not fit the cache retracts requests (schedule_batch.py ``retract_decode``): the
+fewest output tokens first (then the longest prompt), until the rest have room for 20
+steps each; the retracted go to the back of the queue and recompute their prompt and
+output so far, and the ratio becomes the rest's (tokens made + 20 each) / their output,
+at most 1. Simplifications: the cache is counted in blocks (``block_size`` 1 is SGLang's
+token pool); SGLang's exact check for ignore_eos requests, which admits more where its
+ratio check says no, is left out.
 With ``pipeline_parallel_size`` pp > 1 (vLLM's --pipeline-parallel-size, V1's scheduler
 only): the layers are in pp stages and, as vLLM V1's ``EngineCore.step_with_batch_queue``
 does, the host schedules a batch and hands it on at once while fewer than pp are in flight;
@@ -115,6 +136,14 @@ DECODE_RUN_MIN = 2  # steps a decode run must be able to take (`simulate_serving
 DECODE_RUN_BACKOFF = 64  # steps at most between tries where runs keep failing
 MAX_TOTAL_TOKENS = 100_000_000  # prompt + output over all requests: about 80 s to simulate
 KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
+# SGLang 0.3's admission and retraction (--scheduler sglang; sglang/global_config.py,
+# srt/managers/tp_worker.py, schedule_batch.py retract_decode): the running requests'
+# remaining max_tokens count at new_token_ratio, 0.7 at the start, 0.001 less each decode
+# step down to 0.1; a retraction leaves each remaining request room for 20 more steps
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_MIN_NEW_TOKEN_RATIO = 0.1
+SGLANG_NEW_TOKEN_RATIO_DECAY = 0.001
+SGLANG_RETRACT_DECODE_STEPS = 20
 # The roofline's constants (StepParams' defaults), fitted by bench/fit_published_llm.py to
 # the published vLLM and SGLang runs marked "fit" in servelab/data/published_llm.toml:
 # first 2026-12-01 (rms log error 0.035 over 10 figures), then jointly again 2026-12-06
@@ -122,19 +151,22 @@ KV_SAMPLES = 2_000  # points of the KV-usage series kept (evenly thinned)
 # `--only compute_efficiency compute_ramp_tokens memory_efficiency overhead_ms
 # prefill_first_overhead_ms per_seq_ms intake_ms intake_per_token_us frontend_ms
 # allreduce_latency_us --max-evals 300`, started near a first joint fit's values;
-# docs/llm.md). A step of M tokens reaches 0.635 x M / (M + 107) of peak FLOPs: 0.59 for
-# a prefill of 1,369 tokens, 0.43 for a chunk of 200 (attention, norms, activations and
-# sampling beside the GEMMs, which reached 0.69-0.77 alone on an H200,
+# docs/llm.md), and the same way again 2026-12-07 once a layer's attention was priced
+# apart from its GEMMs and SGLang's runs had its own admission and batch limit (25
+# figures, rms log error 0.0455, started from the earlier values; one roofline over both,
+# refitted the same way, 0.0487). A step of M tokens reaches 0.638 x M / (M + 111) of peak
+# FLOPs: 0.59 for a prefill of 1,369 tokens, 0.41 for a chunk of 200 (norms, activations
+# and sampling beside the GEMMs, which reached 0.69-0.77 alone on an H200,
 # bench/device/results/); weights and KV are read at 0.86 of HBM bandwidth (the GEMMs:
 # 0.71-0.82). Fitted free within 1-8 (2026-12-01), the p-norm's p went to its bound: the
 # larger of the two sides (max) is the default; freed again beside the ramp (2026-12-06)
 # it went to 4 and fitted worse.
-COMPUTE_EFFICIENCY = 0.6349
-COMPUTE_RAMP_TOKENS = 106.6
-MEMORY_EFFICIENCY = 0.8587
-OVERHEAD_MS = 0.873  # a step of vLLM V1 (0.21-0.23)
-PREFILL_FIRST_OVERHEAD_MS = 1.98  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
-PER_SEQ_MS = 0.02879
+COMPUTE_EFFICIENCY = 0.6379
+COMPUTE_RAMP_TOKENS = 111.3
+MEMORY_EFFICIENCY = 0.8581
+OVERHEAD_MS = 0.8825  # a step of vLLM V1 (0.21-0.23)
+PREFILL_FIRST_OVERHEAD_MS = 1.691  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
+PER_SEQ_MS = 0.02949
 OVERLAP = math.inf
 # A ring all-reduce over tp GPUs takes 2 (tp - 1) steps, each a latency plus its share of
 # the bytes (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
@@ -142,8 +174,8 @@ OVERLAP = math.inf
 # for how the synchronisation grows with the group). The latency of one step, fitted
 # 2026-12-01 as 37.91 us a whole all-reduce at tp 4 (H100 NVLink), that over 6 steps
 # (6.318); refitted alone on the "fit" cases 2026-12-06 once the API server's intake was
-# in (5.81), and with the rest in the joint refit the same day:
-ALLREDUCE_LATENCY_US = 4.597
+# in (5.81), and with the rest in the joint refit the same day (4.597) and 2026-12-07:
+ALLREDUCE_LATENCY_US = 4.696
 # vLLM's own (custom) all-reduce kernel needs NVLink between every pair of GPUs, or at most
 # two GPUs: "Custom allreduce is disabled because it's not supported on more than two
 # PCIe-only GPUs" (vllm/distributed/device_communicators/custom_all_reduce.py), and NCCL
@@ -174,9 +206,9 @@ PCIE_MAX_GBPS = 100.0
 # once on the same host took 62 ms in all (results/prompt_10): 3.1 ms a request for the
 # burst's 194-token prompts, too much for ten of 137. A cost a token fits both (the
 # burst's 62,000 prompt tokens, the ten's 1,369).
-INTAKE_MS = 0.2182
-INTAKE_PER_TOKEN_US = 11.36
-FRONTEND_MS = 16.43
+INTAKE_MS = 0.2552
+INTAKE_PER_TOKEN_US = 11.21
+FRONTEND_MS = 16.41
 Z99 = 2.3263478740408408
 
 
@@ -222,6 +254,10 @@ class StepParams:
     intake_ms: float = INTAKE_MS
     # and this much more for each token of its prompt (parsing, tokenizing)
     intake_per_token_us: float = INTAKE_PER_TOKEN_US
+    # A layer's GEMMs and its attention each a roofline of their own, the two added (the
+    # default since 2026-12-07); False: one roofline over both, as the model had it before
+    # (docs/llm.md compares the two)
+    attention_apart: bool = True
 
     @property
     def kv_read_efficiency(self) -> float:
@@ -324,6 +360,9 @@ class StepModel:
     # of 256 at 10 tokens, 27%). Uneven routing touches fewer, so this reads at most.
     routed_bytes: float = 0.0
     expert_share: float = 0.0
+    # the GEMMs' roofline plus attention's (per-layer kernels, module docstring); False:
+    # one roofline over both (the form until 2026-12-07)
+    attention_apart: bool = True
 
     kind = "roofline"
 
@@ -332,24 +371,31 @@ class StepModel:
         """`seqs` scheduled sequences each sample a token (a prompt's last chunk or a
         decode); 0 counts the decodes."""
         seqs = seqs or decode_seqs
-        flops = (tokens * self.flops_per_token + attn_context * self.attn_flops_per_context_token
-                 + seqs * self.lm_head_flops)
-        c = flops / (self.peak_flops * self.compute_efficiency)
-        if tokens and self.compute_ramp_tokens:
-            c *= (tokens + self.compute_ramp_tokens) / tokens
         weights = self.weight_bytes
         if self.routed_bytes:
             weights -= self.routed_bytes * (1.0 - self.expert_share) ** tokens
-        m = (weights / self.memory_efficiency
-             + kv_tokens_read * self.kv_bytes_per_token / self.kv_read_efficiency
-             ) / self.hbm_bytes_per_s
-        if math.isinf(self.overlap):
-            both = max(c, m)
-        else:
-            hi = max(c, m)
-            both = hi * ((c / hi) ** self.overlap + (m / hi) ** self.overlap) ** (
-                1 / self.overlap) if hi > 0 else 0.0
+        per_flop = 1.0 / (self.peak_flops * self.compute_efficiency)
+        gemm = (tokens * self.flops_per_token + seqs * self.lm_head_flops) * per_flop
+        if tokens and self.compute_ramp_tokens:
+            gemm *= (tokens + self.compute_ramp_tokens) / tokens
+        attn = attn_context * self.attn_flops_per_context_token * per_flop
+        w = weights / (self.memory_efficiency * self.hbm_bytes_per_s)
+        kv = kv_tokens_read * self.kv_bytes_per_token / (self.kv_read_efficiency
+                                                         * self.hbm_bytes_per_s)
+        if self.attention_apart:
+            both = self._combine(gemm, w) + self._combine(attn, kv)
+        else:  # the ramp on attention's FLOPs too, as the one roofline had it
+            ramp = (tokens + self.compute_ramp_tokens) / tokens if tokens else 1.0
+            both = self._combine(gemm + attn * ramp, w + kv)
         return both + self.overhead_s + seqs * self.per_seq_s + self.allreduce_s(tokens)
+
+    def _combine(self, compute: float, memory: float) -> float:
+        """A roofline's two sides: the larger, or their `overlap`-norm."""
+        hi = max(compute, memory)
+        if math.isinf(self.overlap) or hi <= 0:
+            return hi
+        p = self.overlap
+        return hi * float(((compute / hi) ** p + (memory / hi) ** p) ** (1 / p))
 
     @property
     def kv_read_efficiency(self) -> float:
@@ -419,6 +465,7 @@ class StepModel:
             / 1e3,
             per_seq_s=p.per_seq_ms / 1e3,
             overlap=p.overlap,
+            attention_apart=p.attention_apart,
             tp=tp,
             allreduces_per_step=2 * m.num_layers if tp > 1 else 0,
             allreduce_bytes_per_token=2.0 * m.hidden_size,  # bf16 activations
@@ -578,6 +625,11 @@ class SchedulerConfig:
     # vLLM's --pipeline-parallel-size: the model's layers in this many stages, as many
     # batches in flight at once (V1's batch queue; module docstring)
     pipeline_parallel_size: int = 1
+    # SGLang's admission and retraction (with prefill_first; module docstring): a prompt
+    # comes in only while the cache holds it, its output and the running requests'
+    # remaining output x new_token_ratio; a decode step that finds the cache full
+    # retracts requests to the back of the queue
+    reserve_output: bool = False
 
     def check(self) -> None:
         for name, v, lo, hi in (("num_blocks", self.num_blocks, 1, 100_000_000),
@@ -602,6 +654,11 @@ class SchedulerConfig:
                           "V1's scheduler (V1 has no multi-step scheduling)",
                           "--scheduler prefill-first (vLLM 0.6 without chunked prefill), "
                           "or --num-scheduler-steps 1")
+        if self.reserve_output and (not self.prefill_first or self.num_scheduler_steps > 1
+                                    or self.pipeline_parallel_size > 1):
+            raise invalid("--scheduler", "sglang", "prompts alone, one step at a time, in "
+                          "one pipeline stage (SGLang's loop)",
+                          "--num-scheduler-steps 1 and --pipeline-parallel-size 1")
         if self.pipeline_parallel_size > 1 and self.prefill_first:
             raise invalid("--pipeline-parallel-size", self.pipeline_parallel_size,
                           "1 with the prefill-first scheduler (pipeline parallelism is "
@@ -738,6 +795,11 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     def start_of(i: int) -> int:
         return prefix_tok if hit[i] else 0
 
+    # SGLang's estimate of the output still to come (reserve_output): the running
+    # requests' remaining max_tokens count at this ratio against the free cache
+    ratio = SGLANG_INIT_NEW_TOKEN_RATIO
+    reserved = [0.0]  # tokens this step's admission holds back: running, then admitted
+
     # blocks a request's own tokens take beyond the shared prefix's; a request holding
     # `held` blocks needs none more while its tokens stay within (held + shared[i]) * B
     shared = [prefix_blocks if h else 0 for h in hit]
@@ -756,16 +818,30 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         new = min(remaining, budget)
         if new < remaining and whole and remaining <= cfg.max_num_batched_tokens:
             return None
+        if cfg.reserve_output and running and (
+                remaining + output[i] + reserved[0] >= free * B):
+            # SGLang: its prompt and whole output, beside what is held back. Into an empty
+            # cache it comes anyway: it fits (checked on arrival), as SGLang cuts a
+            # request's max_tokens to what its cache holds
+            return None
         need = blocks_for(i, computed[i] + new) - held[i]
         return None if need > free else (new, need)
+
+    def hold_back() -> None:
+        """SGLang's reservation for the running requests, before an admission."""
+        reserved[0] = (ratio * sum(output[r] - gen[r] for r in running)
+                       if cfg.reserve_output else 0.0)
 
     def admit(sched: list[tuple[int, int]], budget: int, whole: bool) -> int:
         """Admit waiting requests first come, first served while they fit (`fits`).
         Returns the budget left."""
         nonlocal free
+        hold_back()
         while (fit := fits(budget, whole)) is not None:
             new, need = fit
             i = waiting.popleft()
+            if cfg.reserve_output:  # its prompt and output count in full from here
+                reserved[0] += prompt[i] + gen[i] - computed[i] + output[i] - need * B
             free -= need
             held[i] += need
             running.append(i)
@@ -777,6 +853,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         """Whether this step's admission (`admit`) would take the first waiting request,
         with every running request decoding."""
         budget = cfg.max_num_batched_tokens - (0 if cfg.prefill_first else len(running))
+        hold_back()
         return fits(budget, cfg.prefill_first or not cfg.enable_chunked_prefill) is not None
 
     def decode_run() -> int:
@@ -786,7 +863,9 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         request arrives and none waiting could be admitted. Each step is priced and
         sampled exactly as the step-by-step loop does; only the per-request bookkeeping
         is done once for the run. Returns the steps taken (0: none could be)."""
-        nonlocal t, busy, steps, running_sum, decode_tok, free
+        nonlocal t, busy, steps, running_sum, decode_tok, free, ratio
+        if cfg.reserve_output and waiting:  # the ratio falls a step: one may come in
+            return 0
         m = len(running)
         # a request arriving within the first step ends the run there: no run. A step's
         # time only grows with the KV it reads, so the step without any is a floor.
@@ -841,7 +920,44 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
             computed[i] = c
             gen[i] += most
             held[i] = max(held[i], blocks_for(i, c))
+        ratio = max(ratio - SGLANG_NEW_TOKEN_RATIO_DECAY * most, SGLANG_MIN_NEW_TOKEN_RATIO)
         return most
+
+    def evict(victim: int, to_front: bool) -> None:
+        """A request out of the cache, to recompute what it had: vLLM's preemption puts it
+        at the front of the queue, SGLang's retraction at the back."""
+        nonlocal free
+        free += held[victim]
+        held[victim] = 0
+        computed[victim] = start_of(victim)
+        preempt[victim] += 1
+        if to_front:
+            waiting.appendleft(victim)
+        else:
+            waiting.append(victim)
+        pre_t.append(t)
+
+    def retract() -> None:
+        """SGLang's decode step on a full cache: where the running requests' next tokens
+        do not fit, retract those with the fewest output tokens (the longest prompt
+        first among equals) to the back of the queue, until the rest have room for
+        SGLANG_RETRACT_DECODE_STEPS more steps; the ratio then counts what the rest
+        have made. Otherwise the ratio falls a step."""
+        nonlocal free, ratio
+        need = sum(blocks_for(i, computed[i] + 1) - held[i] for i in running)
+        if need <= free:
+            ratio = max(ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
+            return
+        keep = sorted(running, key=lambda r: (gen[r], -prompt[r]), reverse=True)
+        while len(keep) > 1 and (need > free or free * B
+                                 < SGLANG_RETRACT_DECODE_STEPS * len(keep)):
+            victim = keep.pop()
+            need -= blocks_for(victim, computed[victim] + 1) - held[victim]
+            evict(victim, to_front=False)
+        kept = set(keep)
+        running[:] = [r for r in running if r in kept]
+        ratio = min(1.0, (sum(gen[r] for r in keep) + SGLANG_RETRACT_DECODE_STEPS * len(keep))
+                    / sum(output[r] for r in keep))
 
     # pipeline parallelism (vLLM V1's batch queue): up to `lanes` batches in flight, a
     # request in at most one; each batch passes the stages in order, one at a time on each
@@ -938,8 +1054,12 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         sched: list[tuple[int, int]] = []  # (request, new tokens)
         preempted = False
         in_group = group_left > 0
+        if cfg.reserve_output and not running:
+            ratio = SGLANG_INIT_NEW_TOKEN_RATIO  # SGLang resets it when idle
         if cfg.prefill_first and not in_group:
             budget = admit(sched, budget, whole=True)
+        if cfg.reserve_output and not sched and running:
+            retract()
         k = len(running) if sched else 0  # a prefill-only step leaves the decodes waiting
         while k < len(running) and budget > 0:
             i = running[k]
@@ -957,12 +1077,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
                 # the most recently admitted (of those not in a batch under way)
                 victim = running.pop() if lanes == 1 else running.pop(
                     max(v for v, r in enumerate(running) if not flying[r]))
-                free += held[victim]
-                held[victim] = 0
-                computed[victim] = start_of(victim)
-                preempt[victim] += 1
-                waiting.appendleft(victim)
-                pre_t.append(t)
+                evict(victim, to_front=True)
                 preempted = True
                 if victim == i:
                     break
@@ -1200,7 +1315,8 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
               step_profile: ProfileStepModel | None = None,
               step_params: StepParams | None = None,
               prefill_first: bool = False, llama_cpp: bool = False,
-              max_model_len: int = 0, num_scheduler_steps: int = 1) -> ServingReport:
+              max_model_len: int = 0, num_scheduler_steps: int = 1,
+              sglang: bool = False) -> ServingReport:
     """Simulate a vLLM deployment: `replicas` groups of `spec.tp` x `spec.pp` GPUs (pp
     pipeline stages of tp), requests split
     among them at random (a Poisson stream split at random stays Poisson). Step times
@@ -1211,7 +1327,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
     --max-model-len; 0: none): a request whose prompt and output pass it is refused before
     the engine, as vLLM's server refuses it (HTTP 400), and a pool that cannot hold one
     such request is an error, as vLLM's start-up is. `num_scheduler_steps` (vLLM 0.6's
-    multi-step scheduling, with `prefill_first`): decodes in groups of that many steps."""
+    multi-step scheduling, with `prefill_first`): decodes in groups of that many steps.
+    `sglang`: SGLang 0.3's loop, prompts alone (`prefill_first`) with its admission and
+    retraction (SchedulerConfig.reserve_output)."""
+    prefill_first = prefill_first or sglang
     if not 1 <= replicas <= 10_000:
         raise invalid("--replicas", replicas, "1 to 10,000", "e.g. --replicas 2")
     if workload.max_concurrency and replicas > 1:
@@ -1219,9 +1338,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                       "load balancer spreads a closed loop over replicas is not modelled)",
                       "--replicas 1, or an open-loop --rate without --max-concurrency")
     params = step_params or StepParams()
-    params = replace(params, **{k: v for k, v in (
+    given: dict[str, Any] = {k: v for k, v in (
         ("compute_efficiency", compute_efficiency), ("memory_efficiency", memory_efficiency),
-        ("overhead_ms", overhead_ms)) if v is not None})
+        ("overhead_ms", overhead_ms)) if v is not None}
+    params = replace(params, **given)
     params.check()
     heads = spec.model.num_attention_heads
     if heads % spec.tp:
@@ -1251,7 +1371,7 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                           prefix_tokens=prefix_tokens, prefix_hit_share=prefix_hit_share,
                           prefill_first=prefill_first,
                           num_scheduler_steps=num_scheduler_steps,
-                          pipeline_parallel_size=spec.pp)
+                          pipeline_parallel_size=spec.pp, reserve_output=sglang)
     from servelab.llm.rules import llama_cpp as llama_cpp_config
     from servelab.llm.rules import simulate
 
@@ -1313,15 +1433,18 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                  + (f" + {model.multi_token_ms:.3g} ms a step of two or more tokens"
                     if model.multi_token_ms else "")]
     else:
-        overlap = ("the larger" if math.isinf(params.overlap)
-                   else f"a {params.overlap:g}-norm")
+        overlap = ("the GEMMs' binding side plus attention's" if params.attention_apart
+                   and math.isinf(params.overlap) else "the GEMMs' and attention's "
+                   f"{params.overlap:g}-norms added" if params.attention_apart
+                   else "the larger of the two" if math.isinf(params.overlap)
+                   else f"a {params.overlap:g}-norm of the two")
         notes = ["step time is a roofline with stated efficiencies (compute "
                  f"{params.compute_efficiency:g}"
                  + (f" x M / (M + {params.compute_ramp_tokens:g}) for a step of M tokens"
                     if params.compute_ramp_tokens else "")
                  + f", memory {params.memory_efficiency:g} for "
                  f"weights and {params.kv_read_efficiency:g} for the KV cache, "
-                 f"{overlap} of the two; {model.overhead_s * 1e3:g} ms a step and "
+                 f"{overlap}; {model.overhead_s * 1e3:g} ms a step and "
                  f"{params.per_seq_ms:g} ms a sequence; {params.frontend_ms:g} ms outside "
                  "the steps a request"
                  + (f"; {spec.tp}-way all-reduces at {spec.gpu.interconnect_gbps:g} GB/s"
@@ -1350,6 +1473,13 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                      f"{params.intake_per_token_us:g} us a prompt token on one event loop "
                      "before the engine sees it; requests that come while it is busy wait "
                      "and go on together (N at once: the sum of theirs)")
+    if sglang:
+        notes.append("SGLang 0.3's loop: prompts alone, each admitted while the KV cache "
+                     "holds its prompt and max_tokens beside the running requests' remaining "
+                     "max_tokens x new_token_ratio (0.7, falling 0.001 a decode step to 0.1); "
+                     f"--max-num-seqs {spec.max_num_seqs} stands for its "
+                     "max_running_requests (SGLang's own: its request pool, 2,048 slots or "
+                     "more, or half the cache's tokens if fewer)")
     if spec.defaults:
         notes.append(f"vLLM V1's defaults for {spec.gpu.key} (vllm serve): "
                      + ", ".join(spec.defaults))
@@ -1369,7 +1499,9 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
         notes.append(f"{int(no_room.sum())} requests could never fit one replica's KV pool "
                      f"({pool.num_blocks:,} blocks of {spec.block_size}) and were rejected")
     if pre:
-        notes.append(f"{pre} preemptions (recompute): the KV pool ran out under this load")
+        notes.append(f"{pre} retractions (SGLang's: recomputed from the back of the queue)"
+                     if sglang else
+                     f"{pre} preemptions (recompute): the KV pool ran out under this load")
     first_res = parts[0][1] if parts else None
     return ServingReport(
         model=spec.model.key, gpu=spec.gpu.key, tp=spec.tp, replicas=replicas,
