@@ -153,20 +153,21 @@ SGLANG_RETRACT_DECODE_STEPS = 20
 # allreduce_latency_us --max-evals 300`, started near a first joint fit's values;
 # docs/llm.md), and the same way again 2026-12-07 once a layer's attention was priced
 # apart from its GEMMs and SGLang's runs had its own admission and batch limit (25
-# figures, rms log error 0.0455, started from the earlier values; one roofline over both,
-# refitted the same way, 0.0487). A step of M tokens reaches 0.638 x M / (M + 111) of peak
-# FLOPs: 0.59 for a prefill of 1,369 tokens, 0.41 for a chunk of 200 (norms, activations
+# figures, started from the earlier values, `llm fit`'s finite differences 2% of a range:
+# rms log error 0.0447, 0.0462 as rounded here; with 5% differences 0.0455; one roofline
+# over both, refitted with 5%, 0.0487). A step of M tokens reaches 0.644 x M / (M + 108)
+# of peak FLOPs: 0.60 for a prefill of 1,369 tokens, 0.42 for a chunk of 200 (norms, activations
 # and sampling beside the GEMMs, which reached 0.69-0.77 alone on an H200,
 # bench/device/results/); weights and KV are read at 0.86 of HBM bandwidth (the GEMMs:
 # 0.71-0.82). Fitted free within 1-8 (2026-12-01), the p-norm's p went to its bound: the
 # larger of the two sides (max) is the default; freed again beside the ramp (2026-12-06)
 # it went to 4 and fitted worse.
-COMPUTE_EFFICIENCY = 0.6379
-COMPUTE_RAMP_TOKENS = 111.3
-MEMORY_EFFICIENCY = 0.8581
-OVERHEAD_MS = 0.8825  # a step of vLLM V1 (0.21-0.23)
-PREFILL_FIRST_OVERHEAD_MS = 1.691  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
-PER_SEQ_MS = 0.02949
+COMPUTE_EFFICIENCY = 0.6443
+COMPUTE_RAMP_TOKENS = 107.6
+MEMORY_EFFICIENCY = 0.8615
+OVERHEAD_MS = 0.8951  # a step of vLLM V1 (0.21-0.23)
+PREFILL_FIRST_OVERHEAD_MS = 1.677  # a step of vLLM 0.6.0 (multi-step) and SGLang 0.3.0
+PER_SEQ_MS = 0.02932
 OVERLAP = math.inf
 # A ring all-reduce over tp GPUs takes 2 (tp - 1) steps, each a latency plus its share of
 # the bytes (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
@@ -175,7 +176,7 @@ OVERLAP = math.inf
 # 2026-12-01 as 37.91 us a whole all-reduce at tp 4 (H100 NVLink), that over 6 steps
 # (6.318); refitted alone on the "fit" cases 2026-12-06 once the API server's intake was
 # in (5.81), and with the rest in the joint refit the same day (4.597) and 2026-12-07:
-ALLREDUCE_LATENCY_US = 4.696
+ALLREDUCE_LATENCY_US = 4.664
 # vLLM's own (custom) all-reduce kernel needs NVLink between every pair of GPUs, or at most
 # two GPUs: "Custom allreduce is disabled because it's not supported on more than two
 # PCIe-only GPUs" (vllm/distributed/device_communicators/custom_all_reduce.py), and NCCL
@@ -206,9 +207,9 @@ PCIE_MAX_GBPS = 100.0
 # once on the same host took 62 ms in all (results/prompt_10): 3.1 ms a request for the
 # burst's 194-token prompts, too much for ten of 137. A cost a token fits both (the
 # burst's 62,000 prompt tokens, the ten's 1,369).
-INTAKE_MS = 0.2552
-INTAKE_PER_TOKEN_US = 11.21
-FRONTEND_MS = 16.41
+INTAKE_MS = 0.3759
+INTAKE_PER_TOKEN_US = 11.14
+FRONTEND_MS = 16.69
 Z99 = 2.3263478740408408
 
 
