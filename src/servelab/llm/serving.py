@@ -799,7 +799,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
     # SGLang's estimate of the output still to come (reserve_output): the running
     # requests' remaining max_tokens count at this ratio against the free cache
     ratio = SGLANG_INIT_NEW_TOKEN_RATIO
-    reserved = [0.0]  # tokens this step's admission holds back: running, then admitted
+    reserved = 0.0  # tokens this step's admission holds back: running, then admitted
 
     # blocks a request's own tokens take beyond the shared prefix's; a request holding
     # `held` blocks needs none more while its tokens stay within (held + shared[i]) * B
@@ -820,7 +820,7 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         if new < remaining and whole and remaining <= cfg.max_num_batched_tokens:
             return None
         if cfg.reserve_output and running and (
-                remaining + output[i] + reserved[0] >= free * B):
+                remaining + output[i] + reserved >= free * B):
             # SGLang: its prompt and whole output, beside what is held back. Into an empty
             # cache it comes anyway: it fits (checked on arrival), as SGLang cuts a
             # request's max_tokens to what its cache holds
@@ -829,20 +829,22 @@ def simulate_serving(req: Requests, cfg: SchedulerConfig,
         return None if need > free else (new, need)
 
     def hold_back() -> None:
-        """SGLang's reservation for the running requests, before an admission."""
-        reserved[0] = (ratio * sum(output[r] - gen[r] for r in running)
-                       if cfg.reserve_output else 0.0)
+        """SGLang's reservation for the running requests, before an admission (none to
+        count where nothing waits)."""
+        nonlocal reserved
+        reserved = (ratio * sum(output[r] - gen[r] for r in running)
+                    if cfg.reserve_output and waiting else 0.0)
 
     def admit(sched: list[tuple[int, int]], budget: int, whole: bool) -> int:
         """Admit waiting requests first come, first served while they fit (`fits`).
         Returns the budget left."""
-        nonlocal free
+        nonlocal free, reserved
         hold_back()
         while (fit := fits(budget, whole)) is not None:
             new, need = fit
             i = waiting.popleft()
             if cfg.reserve_output:  # its prompt and output count in full from here
-                reserved[0] += prompt[i] + gen[i] - computed[i] + output[i] - need * B
+                reserved += prompt[i] + gen[i] - computed[i] + output[i] - need * B
             free -= need
             held[i] += need
             running.append(i)
@@ -1434,11 +1436,10 @@ def serve_llm(spec: PoolSpec, workload: Workload, *, replicas: int = 1,
                  + (f" + {model.multi_token_ms:.3g} ms a step of two or more tokens"
                     if model.multi_token_ms else "")]
     else:
-        overlap = ("the GEMMs' binding side plus attention's" if params.attention_apart
-                   and math.isinf(params.overlap) else "the GEMMs' and attention's "
-                   f"{params.overlap:g}-norms added" if params.attention_apart
-                   else "the larger of the two" if math.isinf(params.overlap)
-                   else f"a {params.overlap:g}-norm of the two")
+        each = ("the larger" if math.isinf(params.overlap)
+                else f"the {params.overlap:g}-norm")
+        overlap = (f"{each} of the GEMMs' two sides plus {each} of attention's"
+                   if params.attention_apart else f"{each} of the two")
         notes = ["step time is a roofline with stated efficiencies (compute "
                  f"{params.compute_efficiency:g}"
                  + (f" x M / (M + {params.compute_ramp_tokens:g}) for a step of M tokens"
